@@ -1,0 +1,139 @@
+"""Run a playbook through ansible-runner and keep what a report needs: per-host stats and failures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ansible_runner
+
+from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT, RUNS_DIR
+
+STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
+
+
+class RunError(RuntimeError):
+    pass
+
+
+@dataclass
+class HostFailure:
+    host: str
+    task: str
+    role: str
+    message: str
+    unreachable: bool = False
+
+
+@dataclass
+class RunResult:
+    rc: int
+    status: str
+    stats: dict[str, dict[str, int]]
+    failures: list[HostFailure]
+    stdout: str
+    artifact_dir: Path
+    events: list[dict] = field(repr=False, default_factory=list)
+
+    def host_failures(self, host: str) -> list[HostFailure]:
+        return [f for f in self.failures if f.host == host]
+
+
+def _failure_message(result: dict) -> str:
+    message = result.get("msg") or result.get("stderr") or result.get("module_stderr") or ""
+    if isinstance(message, list):
+        message = "\n".join(str(m) for m in message)
+    return str(message).strip()
+
+
+# The recap as ansible-runner names it ("dark" is unreachable).
+RUNNER_STAT_KEYS = {"unreachable": "dark"}
+
+
+def _stats_from(event_data: dict) -> dict[str, dict[str, int]]:
+    columns = {key: event_data.get(RUNNER_STAT_KEYS.get(key, key)) or {} for key in STAT_KEYS}
+    hosts = set((event_data.get("processed") or {}).keys())
+    for column in columns.values():
+        hosts.update(column.keys())
+    return {h: {key: int(column.get(h, 0)) for key, column in columns.items()} for h in sorted(hosts)}
+
+
+def run_playbook(
+    playbook: Path | str,
+    inventory: Path | str,
+    cmdline: Sequence[str] = (),
+    extravars: dict | None = None,
+    envvars: dict | None = None,
+    progress: Callable[[dict], None] | None = None,
+    keep_artifacts: int = 5,
+) -> RunResult:
+    """Run one playbook; never raises for host failures, only when ansible could not run at all."""
+    bin_dir = str(Path(sys.executable).parent)
+    if shutil.which("ansible-playbook", path=bin_dir + os.pathsep + os.environ.get("PATH", "")) is None:
+        raise RunError("ansible-playbook not found: run `make deps`")
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    private_data_dir = Path(tempfile.mkdtemp(dir=RUNS_DIR, prefix="run-"))
+    events: list[dict] = []
+    failures: list[HostFailure] = []
+
+    def on_event(event: dict) -> bool:
+        events.append(event)
+        data = event.get("event_data", {})
+        kind = event.get("event", "")
+        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            failures.append(
+                HostFailure(
+                    host=data.get("host", "?"),
+                    task=data.get("task", "?"),
+                    role=data.get("role", ""),
+                    message=_failure_message(data.get("res", {})),
+                    unreachable=kind == "runner_on_unreachable",
+                )
+            )
+        if progress is not None:
+            progress(event)
+        return True  # ansible-runner keeps the event (and its stats) only when this is truthy
+
+    env = {
+        "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_FORCE_COLOR": "0",
+        # ansible-runner turns host key checking off unless told otherwise; p40fleet never does.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        **(envvars or {}),
+    }
+    inventory = Path(inventory).resolve()
+    if inventory.is_relative_to(REPO_ROOT / ".sandbox"):
+        # Sandboxes reuse host names (node1...): keep their fact caches apart.
+        env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(inventory.parent / "fact_cache"))
+    runner = ansible_runner.run(
+        private_data_dir=str(private_data_dir),
+        playbook=str(Path(playbook).resolve()),
+        inventory=str(inventory),
+        cmdline=" ".join(cmdline) if cmdline else None,
+        extravars=extravars or {},
+        envvars=env,
+        event_handler=on_event,
+        quiet=True,
+        suppress_env_files=True,
+        rotate_artifacts=keep_artifacts,
+    )
+    stats: dict[str, dict[str, int]] = {}
+    for event in events:
+        if event.get("event") == "playbook_on_stats":
+            stats = _stats_from(event.get("event_data", {}))
+    stdout = runner.stdout.read() if runner.stdout else ""
+    return RunResult(
+        rc=runner.rc,
+        status=runner.status,
+        stats=stats,
+        failures=failures,
+        stdout=stdout,
+        artifact_dir=Path(runner.config.artifact_dir),
+        events=events,
+    )

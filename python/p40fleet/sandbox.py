@@ -1,0 +1,393 @@
+"""A sandbox fleet: Debian 12 containers that play GPU hosts, reached over real SSH.
+
+Nothing here is pulled from a registry: the host image is built with debootstrap and cached by a hash
+of its recipe. Each sandbox gets its own podman network, an SSH key pair made for it, a mirror
+container that serves the stand-in artifacts over HTTP, and an inventory that puts its hosts into
+the group the playbooks target (p40-hosts) through a child group, p40_sandbox, whose variables point
+the roles at the stand-ins.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from p40fleet import fixtures
+from p40fleet.paths import CACHE_DIR, REPO_ROOT, SANDBOX_DIR, STANDINS_DIR
+
+IMAGE_NAME = "localhost/p40fleet-sandbox"
+IMAGE_SUITE = "bookworm"
+IMAGE_PACKAGES = (
+    "python3",
+    "python3-venv",
+    "python3-dev",
+    "openssh-server",
+    "sudo",
+    "git",
+    "xz-utils",
+    "gcc",
+    "libc6-dev",
+    "ca-certificates",
+    "procps",
+)
+MIRROR_PORT = 8080
+HOST_STANDINS = STANDINS_DIR / "host"
+GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
+NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
+
+# Podman 4.3 on Debian 12: crun fails on hybrid cgroups and setrlimit needs explicit ulimits.
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+"""
+
+SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation failed; the message says what and what to do."""
+
+
+def gpu_profiles() -> dict[str, dict]:
+    with (HOST_STANDINS / "gpu_profiles.yml").open(encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _podman_env() -> dict[str, str]:
+    conf = CACHE_DIR / "containers.conf"
+    if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(CONTAINERS_CONF)
+    return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def podman(*args: str, check: bool = True, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+    if shutil.which("podman") is None:
+        raise SandboxError("podman is not installed: run `make deps` (it installs podman, runc and debootstrap)")
+    result = subprocess.run(["podman", *args], env=_podman_env(), capture_output=True, input=input_bytes, check=False)
+    if check and result.returncode != 0:
+        stderr = result.stderr.decode(errors="replace").strip()
+        raise SandboxError(f"podman {' '.join(args[:3])} failed (rc {result.returncode}): {stderr}")
+    return result
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with (CACHE_DIR / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def image_recipe_hash() -> str:
+    digest = hashlib.sha256()
+    digest.update(f"{IMAGE_SUITE}\n{' '.join(IMAGE_PACKAGES)}\n{SSHD_COMMAND}\nown-host-keys\n".encode())
+    digest.update((HOST_STANDINS / "nvidia-smi").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_image() -> str:
+    """Build the host image once per recipe; later calls reuse it."""
+    tag = f"{IMAGE_NAME}:{image_recipe_hash()}"
+    with _locked("sandbox-image"):
+        if podman("image", "exists", tag, check=False).returncode == 0:
+            return tag
+        if shutil.which("debootstrap") is None:
+            raise SandboxError("debootstrap is not installed: run `make deps`")
+        with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix="rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            log = CACHE_DIR / "debootstrap.log"
+            with log.open("wb") as out:
+                result = subprocess.run(
+                    [
+                        "debootstrap",
+                        "--variant=minbase",
+                        f"--include={','.join(IMAGE_PACKAGES)}",
+                        IMAGE_SUITE,
+                        str(rootfs),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+            if result.returncode != 0:
+                raise SandboxError(f"debootstrap failed (rc {result.returncode}); see {log}")
+            standin = rootfs / NVIDIA_SMI_STANDIN.lstrip("/")
+            standin.parent.mkdir(parents=True)
+            shutil.copy2(HOST_STANDINS / "nvidia-smi", standin)
+            standin.chmod(0o755)
+            (rootfs / "etc/p40fleet-sandbox").mkdir()
+            # Each host makes its own SSH host keys at first start, as a real host has its own.
+            for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
+                key.unlink()
+            (rootfs / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+            tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+            podman("import", "--change", "CMD=/bin/sh", "-", tag, input_bytes=tar.stdout.read())
+            if tar.wait() != 0:
+                raise SandboxError("tar of the sandbox root filesystem failed")
+    return tag
+
+
+@dataclass
+class Host:
+    name: str
+    container: str
+    address: str
+    profile: str
+
+
+class Sandbox:
+    """One sandbox fleet, named; its state lives in .sandbox/<name>/."""
+
+    def __init__(self, name: str = "default") -> None:
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise SandboxError(f"sandbox name {name!r}: use letters, digits, '-' and '_' only")
+        self.name = name
+        self.dir = SANDBOX_DIR / name
+        self.inventory_dir = self.dir / "inventory"
+        self.network = f"p40fleet-{name}"
+        self.mirror_container = f"p40fleet-{name}-mirror"
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def hosts(self) -> list[Host]:
+        if not self.state_file.exists():
+            return []
+        return [Host(**host) for host in json.loads(self.state_file.read_text())["hosts"]]
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts():
+            if host.name == name:
+                return host
+        raise SandboxError(f"sandbox {self.name} has no host {name!r}")
+
+    @property
+    def key_file(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def up(self, profiles: Sequence[str]) -> list[Host]:
+        """Start one host per profile (node1, node2, ...); a running sandbox with the same
+        profiles is kept as it is, any other is replaced."""
+        known = gpu_profiles()
+        unknown = [p for p in profiles if p not in known]
+        if unknown:
+            raise SandboxError(f"unknown GPU profile(s) {unknown}; known: {sorted(known)}")
+        if not profiles:
+            raise SandboxError("a sandbox needs at least one host")
+        current = self.hosts()
+        if [h.profile for h in current] == list(profiles) and self._running(current):
+            return current
+        self.down()
+        image = ensure_image()
+        artifacts = fixtures.build_standins()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_key()
+        podman("network", "create", self.network)
+        self._start_mirror(image, artifacts.mirror_dir)
+        hosts = []
+        for index, profile in enumerate(profiles, start=1):
+            hosts.append(self._start_host(image, f"node{index}", profile))
+        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+        for host in hosts:
+            self.set_profile(host.name, host.profile)
+        self._write_known_hosts(hosts)
+        self._write_inventory(hosts, artifacts.group_vars)
+        for host in hosts:
+            _wait_for_port(host.address, 22)
+        return hosts
+
+    def down(self) -> None:
+        names = [h.container for h in self.hosts()] + [self.mirror_container]
+        podman("rm", "-f", "-t", "0", *names, check=False)
+        if podman("network", "exists", self.network, check=False).returncode == 0:
+            podman("network", "rm", "-f", self.network, check=False)
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+
+    def _running(self, hosts: list[Host]) -> bool:
+        names = [h.container for h in hosts] + [self.mirror_container]
+        result = podman("inspect", "-f", "{{.State.Running}}", *names, check=False)
+        return result.returncode == 0 and set(result.stdout.decode().split()) == {"true"}
+
+    def _make_key(self) -> None:
+        if not self.key_file.exists():
+            subprocess.run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"p40fleet-{self.name}",
+                    "-f",
+                    str(self.key_file),
+                ],
+                check=True,
+            )
+        authorized = self.dir / "authorized_keys"
+        shutil.copy(self.key_file.with_suffix(".pub"), authorized)
+        authorized.chmod(0o644)
+
+    def _start_mirror(self, image: str, mirror_dir: Path) -> None:
+        podman(
+            "run",
+            "-d",
+            "--init",
+            "--name",
+            self.mirror_container,
+            "--network",
+            self.network,
+            "-v",
+            f"{mirror_dir}:/srv/mirror:ro",
+            image,
+            "python3",
+            "-m",
+            "http.server",
+            str(MIRROR_PORT),
+            "--directory",
+            "/srv/mirror",
+        )
+
+    def _start_host(self, image: str, name: str, profile: str) -> Host:
+        container = f"p40fleet-{self.name}-{name}"
+        podman(
+            "run",
+            "-d",
+            "--init",
+            "--name",
+            container,
+            "--hostname",
+            name,
+            "--network",
+            self.network,
+            "-v",
+            f"{self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
+            image,
+            "sh",
+            "-c",
+            SSHD_COMMAND,
+        )
+        return Host(name=name, container=container, address=self._address(container), profile=profile)
+
+    def _address(self, container: str) -> str:
+        template = f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}'
+        return podman("inspect", "-f", template, container).stdout.decode().strip()
+
+    def _write_known_hosts(self, hosts: list[Host]) -> None:
+        lines = []
+        for host in hosts:
+            for _ in range(50):
+                key = self.exec(host.name, "cat /etc/ssh/ssh_host_ed25519_key.pub")
+                if key.returncode == 0 and key.stdout.strip():
+                    break
+                time.sleep(0.1)
+            else:
+                raise SandboxError(f"{host.name}: sshd did not create its host key")
+            key_type, key_body = key.stdout.split()[:2]
+            lines.append(f"{host.address} {key_type} {key_body}")
+        (self.dir / "known_hosts").write_text("\n".join(lines) + "\n")
+
+    def _write_inventory(self, hosts: list[Host], standin_vars: dict) -> None:
+        group_vars = self.inventory_dir / "group_vars"
+        group_vars.mkdir(parents=True, exist_ok=True)
+        pins = group_vars / "p40-hosts"
+        if not pins.exists():
+            pins.symlink_to(REPO_ROOT / "inventory" / "group_vars" / "p40-hosts")
+        inventory = {
+            "all": {
+                "children": {
+                    "p40-hosts": {
+                        "children": {
+                            "p40_sandbox": {
+                                "hosts": {
+                                    h.name: {"ansible_host": h.address, "p40fleet_sandbox_profile": h.profile}
+                                    for h in hosts
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (self.inventory_dir / "hosts.yml").write_text(
+            "---\n# Written by `p40fleet sandbox up`; replaced on every start.\n"
+            + yaml.safe_dump(inventory, sort_keys=False)
+        )
+        mirror = self._address(self.mirror_container)
+        sandbox_vars = {
+            "ansible_user": "root",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_ssh_private_key_file": str(self.key_file),
+            "ansible_ssh_common_args": (
+                f"-o UserKnownHostsFile={self.dir / 'known_hosts'} -o StrictHostKeyChecking=yes"
+            ),
+            "p40fleet_sandbox_name": self.name,
+            "p40fleet_sandbox_mirror_url": f"http://{mirror}:{MIRROR_PORT}",
+            **standin_vars,
+        }
+        (group_vars / "p40_sandbox.yml").write_text(
+            "---\n# Sandbox hosts: stand-in artifacts served by the sandbox mirror (test fixtures).\n"
+            + yaml.safe_dump(sandbox_vars, sort_keys=True)
+        )
+
+    # -- host operations -----------------------------------------------------------------------
+    def exec(self, host: str, command: str, user: str = "root") -> subprocess.CompletedProcess:
+        """Run a shell command inside a host, bypassing Ansible: for asserting real state."""
+        result = podman("exec", "-u", user, self.host(host).container, "sh", "-c", command, check=False)
+        return subprocess.CompletedProcess(
+            result.args,
+            result.returncode,
+            result.stdout.decode(errors="replace"),
+            result.stderr.decode(errors="replace"),
+        )
+
+    def set_profile(self, host: str, profile: str) -> None:
+        """Give a host another simulated GPU setup, as a driver upgrade or a card swap would."""
+        spec = gpu_profiles().get(profile)
+        if spec is None:
+            raise SandboxError(f"unknown GPU profile {profile!r}")
+        data = json.dumps({"host": host, "profile": profile, **spec}, indent=2)
+        container = self.host(host).container
+        podman("exec", "-i", container, "sh", "-c", f"cat > {GPU_PROFILE_PATH}", input_bytes=data.encode())
+        if spec["driver_version"]:
+            podman("exec", container, "ln", "-sfn", NVIDIA_SMI_STANDIN, "/usr/bin/nvidia-smi")
+        else:
+            podman("exec", container, "rm", "-f", "/usr/bin/nvidia-smi")
+        hosts = self.hosts()
+        for entry in hosts:
+            if entry.name == host:
+                entry.profile = profile
+        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+
+
+def _wait_for_port(address: str, port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SandboxError(f"{address}:{port} did not answer within {timeout:.0f} s")

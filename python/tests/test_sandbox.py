@@ -1,0 +1,131 @@
+"""The sandbox fleet and the p40fleet command, against real containers over real SSH."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from p40fleet import cli
+from p40fleet.sandbox import Sandbox, SandboxError, gpu_profiles, podman
+
+pytestmark = pytest.mark.sandbox
+
+PROBE = "python/tests/playbooks/sandbox_probe.yml"
+
+
+@pytest.fixture(scope="module")
+def fleet(make_sandbox) -> Sandbox:
+    return make_sandbox("fleet", ["p40", "p40-upgraded-unloaded", "nogpu"])
+
+
+def test_hosts_answer_as_their_profiles_say(fleet):
+    p40 = fleet.exec("node1", "nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader")
+    assert (p40.returncode, p40.stdout) == (0, "Tesla P40, 6.1, 24576 MiB\n")
+    upgraded = fleet.exec("node2", "nvidia-smi")
+    assert upgraded.returncode == 18
+    assert "Failed to initialize NVML: Driver/library version mismatch" in upgraded.stdout
+    assert fleet.exec("node3", "command -v nvidia-smi").returncode != 0
+
+
+def test_old_driver_lacks_compute_cap_field(fleet):
+    fleet.set_profile("node1", "p40-old-smi")
+    try:
+        result = fleet.exec("node1", "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader")
+        assert result.returncode == 2
+        assert result.stdout.startswith('Field "compute_cap" is not a valid field to query.')
+        names = fleet.exec("node1", "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
+        assert names.stdout == "Tesla P40, 520.61.05\n"
+    finally:
+        fleet.set_profile("node1", "p40")
+
+
+def test_run_reports_per_host_outcomes_over_ssh(fleet, run_playbook):
+    result = run_playbook(PROBE, fleet.inventory_dir)
+    assert set(result.stats) == {"node1", "node2", "node3"}
+    assert result.stats["node1"]["failures"] == 0
+    failed = {f.host: f for f in result.failures}
+    assert set(failed) == {"node2", "node3"}
+    assert failed["node2"].message == "non-zero return code"
+    assert failed["node3"].message == "Error executing command."
+    assert failed["node2"].task == "Query the GPUs through nvidia-smi."
+    assert cli.exit_code_for(result) == cli.EXIT_HOSTS_FAILED
+
+
+def test_cli_exit_codes_and_report(fleet, tmp_path):
+    report_path = tmp_path / "report.json"
+    code = cli.main(
+        ["run", "-i", str(fleet.inventory_dir), "--playbook", PROBE, "-l", "node1", "--report", str(report_path)]
+    )
+    assert code == cli.EXIT_OK
+    report = json.loads(report_path.read_text())
+    assert report["schema"] == "p40fleet.report/v1"
+    assert report["runs"][0]["hosts"]["node1"]["state"] == "ok"
+
+    code = cli.main(
+        [
+            "run",
+            "-i",
+            str(fleet.inventory_dir),
+            "--playbook",
+            PROBE,
+            "-l",
+            "node1",
+            "--report",
+            str(report_path),
+            "-t",
+            "never-a-tag",
+        ]
+    )
+    assert code == cli.EXIT_OK
+
+    assert cli.main(["run", "-i", str(tmp_path / "missing.yml")]) == cli.EXIT_ERROR
+
+
+def test_host_keys_are_checked(fleet, run_playbook, tmp_path):
+    known_hosts = fleet.dir / "known_hosts"
+    original = known_hosts.read_text()
+    try:
+        # Another host's key for node1's address: strict checking must refuse to connect.
+        lines = original.splitlines()
+        swapped = [lines[0].split()[0] + " " + " ".join(lines[1].split()[1:]), *lines[1:]]
+        known_hosts.write_text("\n".join(swapped) + "\n")
+        # A fresh SSH control path, so no open master connection skips the check.
+        result = run_playbook(
+            PROBE, fleet.inventory_dir, limit="node1", envvars={"ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path)}
+        )
+        assert result.stats["node1"]["unreachable"] == 1, result.stdout
+        assert "Host key verification failed" in result.failures[0].message
+    finally:
+        known_hosts.write_text(original)
+
+
+def test_unknown_profile_is_refused():
+    with pytest.raises(SandboxError, match="unknown GPU profile"):
+        Sandbox("pytest-refused").up(["p40", "not-a-gpu"])
+    assert "p40" in gpu_profiles()
+
+
+def test_unreachable_host_has_its_own_exit_code(fleet, tmp_path):
+    node3 = fleet.host("node3")
+    podman("stop", "-t", "0", node3.container)
+    try:
+        report_path = tmp_path / "report.json"
+        code = cli.main(
+            [
+                "run",
+                "-i",
+                str(fleet.inventory_dir),
+                "--playbook",
+                PROBE,
+                "-l",
+                "node1,node3",
+                "--report",
+                str(report_path),
+            ]
+        )
+        assert code == cli.EXIT_HOSTS_UNREACHABLE
+        hosts = json.loads(report_path.read_text())["runs"][0]["hosts"]
+        assert hosts["node3"]["state"] == "unreachable"
+        assert hosts["node1"]["state"] == "ok"
+    finally:
+        podman("start", node3.container)
