@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 REPORT_SCHEMA = "p40fleet.report/v1"
@@ -26,14 +27,14 @@ class Progress:
         host = data.get("host", "")
         task = data.get("task", "")
         role = data.get("role", "")
-        where = f"[{role}] {task}" if role else task
+        where = escape(f"[{role}] {task}" if role else task)
         if kind == "playbook_on_play_start":
             self.console.print(f"[bold]{self.label}[/] · {data.get('play', '')}")
         elif kind == "runner_on_ok" and data.get("res", {}).get("changed"):
             self.console.print(f"  [yellow]changed[/]     {host:10} {where}")
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             message = str(data.get("res", {}).get("msg", "")).splitlines()[:1]
-            self.console.print(f"  [red]failed[/]      {host:10} {where}: {' '.join(message)}")
+            self.console.print(f"  [red]failed[/]      {host:10} {where}: {escape(' '.join(message))}")
         elif kind == "runner_on_unreachable":
             self.console.print(f"  [red]unreachable[/] {host:10} {where}")
 
@@ -89,7 +90,7 @@ def print_summary(console: Console, report: dict) -> None:
                 str(stats["failures"]),
                 str(stats["unreachable"]),
                 str(stats["skipped"]),
-                f"{first['task']}: {first['message'].splitlines()[0] if first['message'] else ''}" if first else "",
+                escape(f"{first['task']}: {(first['message'].splitlines() or [''])[0]}") if first else "",
             )
         console.print(table)
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
 from p40fleet.paths import REPO_ROOT
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from p40fleet import cli
 from p40fleet.sandbox import Sandbox, SandboxError, gpu_profiles, podman
 
