@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo clean
+.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo bench clean
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -56,3 +56,7 @@ demo: deps
 clean:
 	-$(BIN)/p40fleet sandbox down --name demo
 	rm -rf .runs .fact_cache
+
+# Figures for the speed goal: a converged site.yml run next to a facts+ping play (prints, never fails on time).
+bench: deps
+	$(BIN)/python python/tests/benchmarks/converged_run.py
