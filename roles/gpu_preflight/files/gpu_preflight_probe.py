@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""gpu_preflight's probe: read what the host has, change nothing, print one JSON document.
+
+Run by ansible.builtin.script with one argument, a JSON object:
+  {"nvidia_smi": "nvidia-smi", "paths": ["/usr/local", ...], "state_file": "/etc/ansible/..."}
+It only reads; every decision (thresholds, profiles, messages) is made by the role from this data.
+"""
+
+import glob
+import json
+import mmap
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+QUERY_FIELDS = ["index", "name", "compute_cap", "memory.total", "driver_version", "pci.bus_id"]
+INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+SYSTEM_BIN_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin", "/usr/local/nvidia/bin"]
+NVIDIA_PCI_VENDOR = "0x10de"
+# A hung driver can block nvidia-smi for minutes; preflight should say so, not hang.
+NVIDIA_SMI_TIMEOUT = 60
+
+
+def run(argv):
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {NVIDIA_SMI_TIMEOUT} s"
+    except OSError as error:
+        return 126, str(error)
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def os_release():
+    values = {}
+    try:
+        with open("/etc/os-release", encoding="utf-8") as handle:
+            for line in handle:
+                key, sep, value = line.strip().partition("=")
+                if sep:
+                    values[key] = value.strip().strip('"')
+    except OSError:
+        pass
+    return {
+        "id": values.get("ID", "unknown"),
+        "id_like": values.get("ID_LIKE", "").split(),
+        "version_id": values.get("VERSION_ID", ""),
+        "pretty_name": values.get("PRETTY_NAME", "unknown OS"),
+    }
+
+
+def mem_total_mib():
+    with open("/proc/meminfo", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def disk(path):
+    checked = os.path.abspath(path)
+    while not os.path.exists(checked):
+        checked = os.path.dirname(checked)
+    stat = os.statvfs(checked)
+    return {
+        "path": path,
+        "checked_path": checked,
+        "device": os.stat(checked).st_dev,
+        "free_bytes": stat.f_bavail * stat.f_frsize,
+    }
+
+
+def apt_lists_offer(package):
+    """Whether apt's package lists offer a package, read without writing apt's caches.
+
+    `apt-cache policy` would rebuild /var/cache/apt/*.bin on a stale cache (a change to the host);
+    scanning the plain lists is read-only and fast. Compressed lists fall back to apt-cache with
+    its on-disk caches disabled.
+    """
+    needle = ("\nPackage: " + package + "\n").encode()
+    lists = glob.glob("/var/lib/apt/lists/*_Packages*")
+    compressed = False
+    for path in lists:
+        if not path.endswith("_Packages"):
+            compressed = True
+            continue
+        try:
+            with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data[: len(needle) - 1] == needle[1:] or data.find(needle) >= 0:
+                    return path
+        except (OSError, ValueError):
+            continue
+    if compressed and shutil.which("apt-cache"):
+        rc, out = run(["apt-cache", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "policy", package])
+        match = re.search(r"Candidate:\s*(\S+)", out) if rc == 0 else None
+        if match and match.group(1) != "(none)":
+            return "apt-cache candidate " + match.group(1)
+    return ""
+
+
+def gcc():
+    installed = shutil.which("gcc-11") or ""
+    default = ""
+    if shutil.which("gcc"):
+        rc, out = run(["gcc", "-dumpfullversion"])
+        default = out if rc == 0 else ""
+    return {
+        "gcc11_path": installed,
+        "gcc11_candidate": "" if installed else apt_lists_offer("gcc-11"),
+        "default_version": default,
+    }
+
+
+def nvidia_pci_devices():
+    """Count NVIDIA display/3D controllers, so 'no driver' and 'no GPU' read differently."""
+    count = 0
+    base = "/sys/bus/pci/devices"
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(os.path.join(base, entry, "vendor"), encoding="ascii") as vendor:
+                if vendor.read().strip() != NVIDIA_PCI_VENDOR:
+                    continue
+            with open(os.path.join(base, entry, "class"), encoding="ascii") as klass:
+                if klass.read().strip().startswith("0x03"):
+                    count += 1
+        except OSError:
+            continue
+    return count
+
+
+def kernel_module_version():
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as handle:
+            match = re.search(r"Kernel Module\s+(\S+)", handle.read())
+    except OSError:
+        return ""
+    return match.group(1) if match else ""
+
+
+def find_nvidia_smi(name):
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) else ""
+    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(SYSTEM_BIN_DIRS)
+    return shutil.which(name, path=path) or ""
+
+
+def query_gpus(smi):
+    """Query the GPUs; on drivers that lack a field (compute_cap), ask again without it."""
+    fields = list(QUERY_FIELDS)
+    missing = []
+    while True:
+        rc, out = run([smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"])
+        invalid = INVALID_FIELD.search(out)
+        if rc != 0 and invalid and invalid.group(1) in fields and invalid.group(1) not in ("index", "name"):
+            missing.append(invalid.group(1))
+            fields.remove(invalid.group(1))
+            continue
+        break
+    result = {"path": smi, "rc": rc, "output": out, "missing_fields": missing, "gpus": []}
+    if rc != 0:
+        return result
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        row = dict(zip(fields, (cell.strip() for cell in line.split(","))))  # noqa: B905 - hosts may run Python 3.8, without zip(strict=)
+        memory = row.get("memory.total", "")
+        result["gpus"].append(
+            {
+                "index": int(row["index"]) if row.get("index", "").isdigit() else len(result["gpus"]),
+                "name": row.get("name", ""),
+                "compute_cap": row.get("compute_cap", ""),
+                "memory_mib": int(memory) if memory.isdigit() else 0,
+                "driver_version": row.get("driver_version", ""),
+                "pci_bus_id": row.get("pci.bus_id", ""),
+            }
+        )
+    return result
+
+
+def saved_state(path):
+    if not os.path.exists(path):
+        return {"exists": False, "content": None, "error": ""}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return {"exists": True, "content": json.load(handle), "error": ""}
+    except (OSError, ValueError) as error:
+        return {"exists": True, "content": None, "error": str(error)}
+
+
+def main():
+    request = json.loads(sys.argv[1])
+    smi = find_nvidia_smi(request["nvidia_smi"])
+    nvidia = query_gpus(smi) if smi else {"path": "", "rc": None, "output": "", "missing_fields": [], "gpus": []}
+    report = {
+        "os": os_release(),
+        "cpu_count": len(os.sched_getaffinity(0)),
+        "mem_total_mib": mem_total_mib(),
+        "disks": [disk(path) for path in request["paths"]],
+        "gcc": gcc(),
+        "nvidia_smi": nvidia,
+        "nvidia_pci_devices": nvidia_pci_devices(),
+        "kernel_module_version": kernel_module_version(),
+        "state": saved_state(request["state_file"]),
+    }
+    json.dump(report, sys.stdout, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
