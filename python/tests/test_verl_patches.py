@@ -1,0 +1,457 @@
+"""verl_patches against the real verl source (PyPI sdists listed in fixtures/upstream.txt).
+
+The fast tests run the role with ansible-playbook over a local connection on a copy of the extracted
+sdist; the sandbox test runs it over SSH on a sandbox host. Every assertion reads the files themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+
+PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "verl_patches.yml"
+SDIST_DIR = UPSTREAM_DIR / "sdist"
+
+# What gpu_preflight publishes (roles/gpu_preflight/defaults/main.yml, gpu_preflight_profiles).
+PASCAL = {
+    "name": "pascal",
+    "compute_cap": "6.1",
+    "dtype": "float32",
+    "attn_implementation": "eager",
+    "shared_memory_per_block": 49152,
+    "needs_patches": True,
+}
+VOLTA = {
+    "name": "volta",
+    "compute_cap": "7.0",
+    "dtype": "float16",
+    "attn_implementation": "sdpa",
+    "shared_memory_per_block": 98304,
+    "needs_patches": True,
+}
+MODERN = {
+    "name": "modern",
+    "compute_cap": "8.0",
+    "dtype": "bfloat16",
+    "attn_implementation": "flash_attention_2",
+    "shared_memory_per_block": 101376,
+    "needs_patches": False,
+}
+
+COVERED = [
+    "verl/workers/fsdp_workers.py",
+    "verl/utils/model.py",
+    "verl/workers/actor/dp_actor.py",
+    "verl/workers/critic/dp_critic.py",
+    "verl/workers/rollout/hf_rollout.py",
+    "verl/utils/torch_functional.py",
+]
+
+# The edited lines a Pascal host must end up with in verl 0.4.1 (file, line number, text), read from
+# the release: the anchors in FACTS.md's list, plus the Triton cross-entropy switch.
+PASCAL_LINES_041 = [
+    (
+        "verl/workers/actor/dp_actor.py",
+        100,
+        "        with torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False):",
+    ),
+    (
+        "verl/workers/critic/dp_critic.py",
+        65,
+        "        with torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False):",
+    ),
+    (
+        "verl/workers/rollout/hf_rollout.py",
+        109,
+        "        with param_ctx, torch.autocast(device_type=get_device_name(), dtype=torch.float32, enabled=False):",
+    ),
+    (
+        "verl/workers/fsdp_workers.py",
+        216,
+        "            torch_dtype = torch.float32 if self._is_actor else torch.float32",
+    ),
+    (
+        "verl/workers/fsdp_workers.py",
+        221,
+        "        actor_model_config = AutoConfig.from_pretrained(local_path, trust_remote_code=trust_remote_code,"
+        ' attn_implementation="eager")',
+    ),
+    (
+        "verl/workers/fsdp_workers.py",
+        294,
+        '            param_dtype = PrecisionType.to_dtype(mixed_precision_config.get("param_dtype", "fp32"))',
+    ),
+    ("verl/workers/fsdp_workers.py", 298, "            param_dtype = torch.float32"),
+    (
+        "verl/workers/fsdp_workers.py",
+        910,
+        '        critic_model_config = AutoConfig.from_pretrained(local_path, attn_implementation="eager",'
+        ' trust_remote_code=config.model.get("trust_remote_code", False))',
+    ),
+    (
+        "verl/workers/fsdp_workers.py",
+        966,
+        '            param_dtype = PrecisionType.to_dtype(mixed_precision_config.get("param_dtype", "fp32"))',
+    ),
+    ("verl/workers/fsdp_workers.py", 970, "            param_dtype = torch.float32"),
+    ("verl/workers/fsdp_workers.py", 1240, "                torch_dtype=torch.float32,"),
+    ("verl/workers/fsdp_workers.py", 1241, '                attn_implementation="eager",'),
+    ("verl/workers/fsdp_workers.py", 1251, "            reward_module.to(torch.float32)"),
+    (
+        "verl/workers/fsdp_workers.py",
+        1300,
+        "        with torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.float32, enabled=False):",
+    ),
+    ("verl/utils/model.py", 511, '            attn_implementation="eager",'),
+    ("verl/utils/model.py", 531, '        attn_implementation="eager",'),
+    ("verl/utils/torch_functional.py", 36, "    FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE = False"),
+]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory) -> dict[str, Path]:
+    """The real verl sdists, extracted once: {version: source root holding verl/}."""
+    out = tmp_path_factory.mktemp("verl-sdists")
+    trees = {}
+    for version in ("0.4.1", "0.5.0", "0.4.0"):
+        archive = SDIST_DIR / f"verl-{version}.tar.gz"
+        if not archive.exists():
+            pytest.fail(f"{archive} is missing: run `make fixtures` (python/tests/fixtures/upstream.txt lists it)")
+        with tarfile.open(archive) as tar:
+            tar.extractall(out, filter="data")
+        trees[version] = out / f"verl-{version}"
+    return trees
+
+
+@dataclass
+class Workspace:
+    """A stand-in for one host's verl checkout and the role's state dir, on this machine."""
+
+    root: Path
+    src: Path
+    state: Path
+    inventory: Path
+    facts: Path
+
+    def load(self, tree: Path) -> None:
+        """Put a release where the checkout is, as the verl role would on install or upgrade."""
+        if self.src.exists():
+            shutil.rmtree(self.src)
+        shutil.copytree(tree, self.src)
+
+    def read(self, rel: str) -> str:
+        return (self.src / rel).read_text()
+
+    def record(self) -> dict | None:
+        path = self.state / "applied.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture
+def ws(tmp_path, releases) -> Workspace:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n"
+    )
+    workspace = Workspace(tmp_path, tmp_path / "verl", tmp_path / "state", inventory, tmp_path / "facts")
+    workspace.load(releases["0.4.1"])
+    return workspace
+
+
+@pytest.fixture
+def play(run_playbook):
+    def run(ws: Workspace, profile: dict | None = PASCAL, **kwargs):
+        extra = {
+            "verl_patches_source_dir": str(ws.src),
+            "verl_patches_state_dir": str(ws.state),
+            "verl_patches_python": "/usr/bin/python3",
+        }
+        if profile is not None:
+            extra["verl_patches_profile"] = profile
+        extra.update(kwargs.pop("extra_vars", {}))
+        # Keep this run's cached facts out of the repository's fact cache.
+        envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(ws.facts)}
+        return run_playbook(PLAYBOOK, ws.inventory, extra_vars=extra, envvars=envvars, **kwargs)
+
+    return run
+
+
+def messages(result) -> str:
+    return "\n".join(f.message for f in result.failures)
+
+
+def assert_pascal_041(ws: Workspace, pristine: Path) -> None:
+    for rel, number, text in PASCAL_LINES_041:
+        assert ws.read(rel).splitlines()[number - 1] == text, (rel, number)
+    for rel in COVERED:
+        source = ws.read(rel)
+        compile(source, rel, "exec")
+        assert "flash_attention_2" not in source, rel
+        assert not re.search(r'torch\.bfloat16|"bf16"', source), rel
+    # Only the covered files differ from the release, each only in the lines listed above.
+    before, after = tree_digest(pristine), tree_digest(ws.src)
+    assert sorted(rel for rel in before if before[rel] != after.get(rel)) == sorted(COVERED)
+    assert set(before) == set(after)
+    for rel in COVERED:
+        old, new = (pristine / rel).read_text().splitlines(), ws.read(rel).splitlines()
+        changed = {i + 1 for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b}
+        assert changed == {n for r, n, _ in PASCAL_LINES_041 if r == rel}, rel
+
+
+def test_apply_reapply_verify_and_revert_on_verl_041(ws, play, releases):
+    first = play(ws)
+    assert first.rc == 0, messages(first)
+    assert first.stats["localhost"]["changed"] > 0
+    assert_pascal_041(ws, releases["0.4.1"])
+
+    record = ws.record()
+    assert record["identity"]["patch_set"] == "verl-0.4.1-r1"
+    assert record["identity"]["verl_version"] == "0.4.1"
+    assert record["identity"]["profile"]["name"] == "pascal"
+    assert sorted(record["files"]) == sorted(COVERED)
+    for rel, item in record["files"].items():
+        assert item["patched_sha256"] == sha256(ws.src / rel)
+        assert item["pristine_sha256"] == sha256(releases["0.4.1"] / rel)
+        assert sha256(ws.state / "pristine" / rel) == sha256(releases["0.4.1"] / rel)
+
+    patched = tree_digest(ws.src)
+    again = play(ws)
+    assert again.rc == 0, messages(again)
+    assert again.stats["localhost"]["changed"] == 0
+    checked = play(ws, check=True, diff=True)
+    assert checked.rc == 0 and checked.stats["localhost"]["changed"] == 0
+    verified = play(ws, tags="verify")
+    assert verified.rc == 0 and verified.stats["localhost"]["changed"] == 0
+    assert tree_digest(ws.src) == patched
+
+    # absent restores the release byte for byte and leaves no state behind; a second absent is a no-op.
+    reverted = play(ws, extra_vars={"verl_patches_state": "absent"})
+    assert reverted.rc == 0, messages(reverted)
+    assert tree_digest(ws.src) == tree_digest(releases["0.4.1"])
+    assert not any(ws.state.iterdir())
+    again = play(ws, extra_vars={"verl_patches_state": "absent"})
+    assert again.rc == 0 and again.stats["localhost"]["changed"] == 0
+
+
+def test_check_diff_shows_the_edits_and_changes_nothing(ws, play, releases):
+    result = play(ws, check=True, diff=True)
+    assert result.rc == 0, messages(result)
+    assert result.stats["localhost"]["changed"] > 0
+    assert "-        with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):" in result.stdout
+    assert (
+        "+        with torch.autocast(device_type=self.device_name, dtype=torch.float32, enabled=False):"
+        in result.stdout
+    )
+    assert '+            attn_implementation="eager",' in result.stdout
+    assert "+    FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE = False" in result.stdout
+    assert tree_digest(ws.src) == tree_digest(releases["0.4.1"])
+    assert not ws.state.exists() or not any(ws.state.iterdir())
+
+
+def test_unknown_version_fails_closed_before_any_edit(ws, play, releases):
+    ws.load(releases["0.4.0"])
+    result = play(ws)
+    assert result.rc != 0
+    assert "localhost: verl '0.4.0' in " + str(ws.src) + " has no patch set (supported: 0.4.1, 0.5.0)" in messages(
+        result
+    )
+    assert "Nothing was changed" in messages(result)
+    assert tree_digest(ws.src) == tree_digest(releases["0.4.0"])
+    assert not ws.state.exists()
+
+
+def test_moved_anchor_fails_closed_naming_the_entries(ws, play):
+    actor = ws.src / "verl/workers/actor/dp_actor.py"
+    actor.write_text(
+        actor.read_text().replace(
+            "with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):",
+            "with torch.autocast(\n            device_type=self.device_name, dtype=torch.bfloat16\n        ):",
+        )
+    )
+    model = ws.src / "verl/utils/model.py"
+    model.write_text(model.read_text() + '\n\nEXTRA = dict(attn_implementation="flash_attention_2")\n')
+    before = tree_digest(ws.src)
+    result = play(ws)
+    assert result.rc != 0
+    text = messages(result)
+    assert "actor-autocast (verl/workers/actor/dp_actor.py): anchor" in text
+    assert "found 0x, expected 1x" in text
+    assert "valuehead-model-attn (verl/utils/model.py): anchor" in text
+    assert "found 3x, expected 2x" in text
+    assert "critic-autocast" not in text
+    assert tree_digest(ws.src) == before
+    assert not ws.state.exists()
+
+
+def test_upgrade_to_050_reapplies_and_reverts_to_the_new_release(ws, play, releases):
+    assert play(ws).rc == 0
+    ws.load(releases["0.5.0"])  # the verl role replaced the checkout
+    upgraded = play(ws)
+    assert upgraded.rc == 0, messages(upgraded)
+    assert ws.record()["identity"]["patch_set"] == "verl-0.5.0-r1"
+    assert json.loads((ws.state / "pristine.json").read_text())["verl_version"] == "0.5.0"
+    for rel in COVERED:
+        assert sha256(ws.state / "pristine" / rel) == sha256(releases["0.5.0"] / rel)
+        assert "flash_attention_2" not in ws.read(rel)
+    assert ws.read("verl/workers/fsdp_workers.py").splitlines()[1442] == (
+        "        with torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.float32, enabled=False):"
+    )
+    assert play(ws, extra_vars={"verl_patches_state": "absent"}).rc == 0
+    assert tree_digest(ws.src) == tree_digest(releases["0.5.0"])
+
+
+def test_volta_gets_fp16_and_sdpa_then_a_card_swap_repatches(ws, play, releases):
+    volta = play(ws, profile=VOLTA)
+    assert volta.rc == 0, messages(volta)
+    assert ws.read("verl/workers/actor/dp_actor.py").splitlines()[99] == (
+        "        with torch.autocast(device_type=self.device_name, dtype=torch.float16):"
+    )
+    assert ws.read("verl/utils/model.py").count('attn_implementation="sdpa"') == 2
+    assert 'mixed_precision_config.get("param_dtype", "fp16")' in ws.read("verl/workers/fsdp_workers.py")
+    # 96 KB of shared memory: flash_attn's Triton cross-entropy fits, so it stays.
+    assert sha256(ws.src / "verl/utils/torch_functional.py") == sha256(
+        releases["0.4.1"] / "verl/utils/torch_functional.py"
+    )
+    assert ws.record()["identity"]["profile"]["name"] == "volta"
+
+    pascal = play(ws, profile=PASCAL)
+    assert pascal.rc == 0, messages(pascal)
+    assert_pascal_041(ws, releases["0.4.1"])
+    assert ws.record()["identity"]["profile"]["name"] == "pascal"
+
+    modern = play(ws, profile=MODERN)  # an sm80 card needs no patches: back to the release
+    assert modern.rc == 0, messages(modern)
+    assert tree_digest(ws.src) == tree_digest(releases["0.4.1"])
+    assert ws.record() is None
+
+
+def test_interrupted_run_is_redone_from_the_pristine_copies(ws, play, releases):
+    assert play(ws).rc == 0
+    patched = tree_digest(ws.src)
+    # As if a run died between edits: no record, one file back to the release, one half-edited.
+    (ws.state / "applied.json").unlink()
+    shutil.copy2(releases["0.4.1"] / "verl/workers/actor/dp_actor.py", ws.src / "verl/workers/actor/dp_actor.py")
+    workers = ws.src / "verl/workers/fsdp_workers.py"
+    workers.write_text(
+        (releases["0.4.1"] / "verl/workers/fsdp_workers.py")
+        .read_text()
+        .replace(
+            "torch.float32 if self._is_actor else torch.bfloat16", "torch.float32 if self._is_actor else torch.float32"
+        )
+    )
+    redone = play(ws)
+    assert redone.rc == 0, messages(redone)
+    assert tree_digest(ws.src) == patched
+    assert ws.record() is not None
+
+
+def test_missing_gpu_profile_fails_with_a_clear_message(ws, play, releases):
+    result = play(ws, profile=None)
+    assert result.rc != 0
+    assert "localhost: verl_patches needs the verl checkout" in messages(result)
+    assert "Run the gpu_preflight and verl roles first, or set verl_patches_source_dir and verl_patches_profile" in (
+        messages(result)
+    )
+    assert tree_digest(ws.src) == tree_digest(releases["0.4.1"])
+
+
+def test_failed_post_condition_restores_the_files_and_writes_no_record(ws, play, releases, repo_root):
+    # The shipped 0.4.1 set, with the Triton entry's post-condition loosened so that it also counts the
+    # untouched except-branch (2 matches, 1 expected): the edits happen, the check after them fails.
+    shipped = yaml.safe_load((repo_root / "roles/verl_patches/vars/patchsets/verl-0.4.1.yml").read_text())
+    broken = shipped["verl_patches_set_v0_4_1"]
+    for entry in broken["entries"]:
+        if entry["id"] == "triton-cross-entropy-off":
+            entry["post"] = r"^\s+FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE = False$"
+    result = play(ws, extra_vars={"verl_patches_set_v0_4_1": broken})
+    assert result.rc != 0
+    text = messages(result)
+    assert "triton-cross-entropy-off (verl/utils/torch_functional.py): post-condition found 2x, expected 1x" in text
+    assert "The files were restored from " + str(ws.state) + "/pristine" in text
+    assert tree_digest(ws.src) == tree_digest(releases["0.4.1"])
+    assert ws.record() is None
+
+
+# -- sandbox: a real host over SSH --------------------------------------------------------------------
+
+REMOTE_SRC = "/opt/verl-src/verl-0.4.1"
+REMOTE_OLD = "/opt/verl-old/verl-0.4.0"
+
+
+def _remote_digest(sandbox, host: str, root: str) -> dict[str, str]:
+    out = sandbox.exec(host, f"cd {root} && find . -type f -print0 | sort -z | xargs -0 sha256sum")
+    assert out.returncode == 0, out.stderr
+    return {line[66:].removeprefix("./"): line[:64] for line in out.stdout.splitlines()}
+
+
+def _push(sandbox, host: str, archive: Path, dest: str) -> None:
+    container = sandbox.host(host).container
+    subprocess.run(["podman", "exec", container, "mkdir", "-p", dest], check=True)
+    with archive.open("rb") as data:
+        subprocess.run(["podman", "exec", "-i", container, "tar", "-xzf", "-", "-C", dest], stdin=data, check=True)
+
+
+@pytest.mark.sandbox
+def test_sandbox_host_converges_verifies_reverts_and_refuses_040(make_sandbox, run_playbook, releases):
+    sandbox = make_sandbox("verl-patches", ["p40"])
+    _push(sandbox, "node1", SDIST_DIR / "verl-0.4.1.tar.gz", "/opt/verl-src")
+    _push(sandbox, "node1", SDIST_DIR / "verl-0.4.0.tar.gz", "/opt/verl-old")
+    inventory = sandbox.inventory_dir / "hosts.yml"
+    base = {"verl_patches_profile": PASCAL, "verl_patches_source_dir": REMOTE_SRC}
+
+    converge = run_playbook(PLAYBOOK, inventory, extra_vars=base)
+    assert converge.rc == 0, messages(converge)
+    assert converge.stats["node1"]["changed"] > 0
+    idempotent = run_playbook(PLAYBOOK, inventory, extra_vars=base)
+    assert idempotent.rc == 0 and idempotent.stats["node1"]["changed"] == 0
+
+    # The files on the host: each expected edit, nothing targeted left, every file compiles.
+    for rel, number, text in PASCAL_LINES_041:
+        line = sandbox.exec("node1", f"sed -n {number}p {REMOTE_SRC}/{rel}")
+        assert line.stdout.rstrip("\n") == text, (rel, number)
+    left = sandbox.exec(
+        "node1", f"cd {REMOTE_SRC} && grep -nE 'flash_attention_2|torch\\.bfloat16|\"bf16\"' " + " ".join(COVERED)
+    )
+    assert left.returncode == 1 and left.stdout == ""
+    compiled = sandbox.exec(
+        "node1",
+        f"cd {REMOTE_SRC} && python3 -c 'import sys; "
+        '[compile(open(f).read(), f, "exec") for f in sys.argv[1:]]\' ' + " ".join(COVERED),
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    record = json.loads(sandbox.exec("node1", "cat /var/lib/p40fleet/verl_patches/applied.json").stdout)
+    assert record["identity"]["patch_set"] == "verl-0.4.1-r1"
+    assert record["identity"]["verl_version"] == "0.4.1"
+
+    # Originals restorable: absent gives back the sdist byte for byte.
+    reverted = run_playbook(PLAYBOOK, inventory, extra_vars={**base, "verl_patches_state": "absent"})
+    assert reverted.rc == 0, messages(reverted)
+    assert _remote_digest(sandbox, "node1", REMOTE_SRC) == tree_digest(releases["0.4.1"])
+
+    # An unsupported release fails clearly and stays unpatched.
+    refused = run_playbook(PLAYBOOK, inventory, extra_vars={**base, "verl_patches_source_dir": REMOTE_OLD})
+    assert refused.rc != 0
+    assert f"node1: verl '0.4.0' in {REMOTE_OLD} has no patch set (supported: 0.4.1, 0.5.0)" in messages(refused)
+    assert _remote_digest(sandbox, "node1", REMOTE_OLD) == tree_digest(releases["0.4.0"])
+    assert sandbox.exec("node1", "test -e /var/lib/p40fleet/verl_patches/applied.json").returncode == 1
