@@ -1,0 +1,199 @@
+"""The Python stack (conda_env, pytorch, apex, verl) on a sandbox fleet of three P40 hosts.
+
+One sandbox, converged once; the tests then assert the hosts' real state through `podman exec`, and the
+last ones break things on purpose (a pip install failing midway, an env of another Python) and check that
+the roles report or repair them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.sandbox
+
+PLAYBOOK = "python/tests/playbooks/python_stack.yml"
+HOSTS = ("node1", "node2", "node3")
+ENV = "/opt/miniconda3/envs/verl-env"
+PY = f"{ENV}/bin/python"
+OWNER = "p40fleet"
+UP_TO_TORCH = "gpu_preflight,conda_env,pytorch"
+
+
+@pytest.fixture(scope="module")
+def fleet(make_sandbox):
+    return make_sandbox("python-stack", ["p40", "p40", "p40"])
+
+
+@pytest.fixture(scope="module")
+def sandbox_vars(fleet) -> dict:
+    return yaml.safe_load((fleet.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def apex_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("apex-cache")
+
+
+@pytest.fixture(scope="module")
+def play(fleet, run_playbook, apex_cache):
+    """Run the stack playbook on the fleet, with a controller wheel cache private to this module."""
+
+    def run(**kwargs):
+        extra = {"apex_controller_cache_dir": str(apex_cache), **kwargs.pop("extra_vars", {})}
+        return run_playbook(PLAYBOOK, fleet.inventory_dir, extra_vars=extra, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def converged(play):
+    first = play()
+    second = play()
+    return first, second
+
+
+def sh(fleet, host, command, user=OWNER):
+    return fleet.exec(host, command, user=user)
+
+
+def test_converge_then_rerun_changes_nothing(converged):
+    first, second = converged
+    assert first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in first.failures]
+    assert set(first.stats) == set(HOSTS)
+    assert all(first.stats[h]["changed"] > 0 for h in HOSTS)
+    assert second.rc == 0
+    assert {h: second.stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0)
+
+
+def test_check_mode_on_converged_fleet_changes_nothing(converged, play):
+    result = play(check=True, diff=True)
+    assert result.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in result.failures]
+    assert {h: result.stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0)
+
+
+def test_env_is_owned_by_the_unprivileged_user_with_pinned_python(converged, fleet):
+    for host in HOSTS:
+        assert sh(fleet, host, f"stat -c %U {ENV} /opt/miniconda3").stdout.split() == [OWNER, OWNER]
+        envs = json.loads(sh(fleet, host, "/opt/miniconda3/bin/conda env list --json").stdout)["envs"]
+        assert ENV in envs
+        # The sandbox inventory sets conda_env_python_version 3.11 (the stand-in conda gives the host's Python).
+        version = sh(fleet, host, f"{PY} -c 'import sys; print(sys.version_info[:2])'").stdout.strip()
+        assert version == "(3, 11)"
+        condarc = sh(fleet, host, "cat /opt/miniconda3/.condarc").stdout
+        assert "always_yes: true" in condarc and "- conda-forge" in condarc
+
+
+def test_torch_is_the_cu118_build_and_the_constraint_keeps_it(converged, fleet, sandbox_vars):
+    for host in HOSTS:
+        seen = sh(
+            fleet,
+            host,
+            f"{PY} -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'",
+        ).stdout.split()
+        assert seen == ["2.6.0+cu118", "11.8", "True"]
+    # The index holds a newer CUDA 12 torch: without the env's pip.conf, an upgrade would take it ...
+    links = sandbox_vars["p40fleet_sandbox_mirror_url"] + "/torch_wheels/"
+    host = links.split("/")[2].split(":")[0]
+    bare = sh(
+        fleet,
+        "node1",
+        f"PIP_CONFIG_FILE=/dev/null {PY} -m pip install --dry-run --no-index --find-links {links} "
+        f"--trusted-host {host} --upgrade torch",
+    )
+    assert "Would install torch-2.7.0" in bare.stdout, bare.stdout + bare.stderr
+    # ... with it (as every later pip call in the env has it), the cu118 build stays.
+    upgrade = sh(fleet, "node1", f"{PY} -m pip install --upgrade torch")
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert "Requirement already satisfied: torch" in upgrade.stdout
+    assert sh(fleet, "node1", f"{PY} -c 'import torch; print(torch.__version__)'").stdout.strip() == "2.6.0+cu118"
+
+
+def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged, fleet, apex_cache):
+    builds = {h: sh(fleet, h, "cat /var/tmp/p40fleet-apex-standin-builds.log", user="root") for h in HOSTS}
+    # Exactly one build in the whole fleet, on the first host, even after the second run.
+    assert len(builds["node1"].stdout.splitlines()) == 1
+    assert builds["node2"].returncode != 0 and builds["node3"].returncode != 0
+    build = json.loads(builds["node1"].stdout)
+    assert (build["cpp_ext"], build["cuda_ext"], build["torch_cuda_arch_list"]) == (True, True, "6.1")
+    assert build["cuda_home"] == "/usr/local/cuda-11.8" and build["nvcc_release"] == "11.8"
+    assert build["cc"] == "gcc" and int(build["max_jobs"]) >= 1
+    cached = list(apex_cache.rglob("apex-*.whl"))
+    assert len(cached) == 1
+    hashes = {h: sh(fleet, h, "sha256sum /opt/p40fleet/apex-wheels/*/apex-*.whl").stdout.split()[0] for h in HOSTS}
+    assert len(set(hashes.values())) == 1
+    for host in HOSTS:
+        loaded = sh(
+            fleet,
+            host,
+            f"{PY} -c 'import apex, apex_C, amp_C; print(apex.BUILD_INFO[\"build_host\"], amp_C.arch_list())'",
+        )
+        assert loaded.stdout.split() == ["node1", "6.1"], loaded.stderr
+        marker = json.loads(sh(fleet, host, f"cat {ENV}/.p40fleet-apex.json").stdout)
+        assert marker["built_by"] == "node1" and marker["key"] == cached[0].parent.name
+
+
+def test_verl_is_installed_editable_at_the_pinned_release(converged, fleet, sandbox_vars):
+    for host in HOSTS:
+        show = sh(fleet, host, f"{PY} -m pip show verl").stdout
+        assert "Version: 0.4.1" in show and "Editable project location: /opt/p40fleet/verl" in show
+        head = sh(fleet, host, "git -C /opt/p40fleet/verl rev-parse HEAD").stdout.strip()
+        assert head == sandbox_vars["verl_expected_commit"]
+        where = sh(fleet, host, f"cd /tmp && {PY} -c 'import importlib.util as u; print(u.find_spec(\"verl\").origin)'")
+        assert where.stdout.strip() == "/opt/p40fleet/verl/verl/__init__.py"
+        shim = sh(
+            fleet,
+            host,
+            f"{PY} -c 'from flash_attn.bert_padding import unpad_input, pad_input; "
+            'import importlib.metadata as m; print(m.version("p40fleet-flash-attn-shim"))\'',
+        )
+        assert shim.stdout.strip() == "2.7.4.post1+p40fleet.shim", shim.stderr
+
+
+def test_verify_alone_passes_and_changes_nothing(converged, play):
+    result = play(tags="verify")
+    assert result.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in result.failures]
+    assert {h: result.stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0)
+    # The sandbox inventory narrows verl's checks, visibly: the task name lists them.
+    assert "Run verl's post-install checks in the env (editable, compile, hydra_compose, flash_attn_shim)" in (
+        result.stdout
+    )
+
+
+def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):
+    result = play(limit="node2", tags="conda_env", extra_vars={"conda_env_python_version": "3.10"})
+    assert result.rc != 0
+    messages = [f.message for f in result.host_failures("node2")]
+    assert any(
+        m.startswith(f"node2: the env {ENV} exists with Python 3.11, but Python 3.10 is required") for m in messages
+    ), messages
+    assert result.stats["node2"]["changed"] == 0
+    assert sh(fleet, "node2", f"{PY} -c 'import torch, hydra' && echo intact").stdout.strip() == "intact"
+
+
+def test_pip_install_failing_midway_is_redone_next_run(converged, fleet, play, sandbox_vars):
+    removed = sh(fleet, "node3", f"{PY} -m pip uninstall -y torch torchvision torchaudio")
+    assert removed.returncode == 0, removed.stderr
+    broken = sandbox_vars["p40fleet_sandbox_mirror_url"] + "/torch_wheels_broken/"
+    failed = play(limit="node3", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken]})
+    assert failed.rc != 0
+    assert [f.task for f in failed.host_failures("node3")] == [
+        "Ensure torch, torchvision and torchaudio are the pinned cu118 builds"
+    ]
+    # Midway: torch went in, torchaudio did not.
+    assert "Version: 2.6.0+cu118" in sh(fleet, "node3", f"{PY} -m pip show torch").stdout
+    assert sh(fleet, "node3", f"{PY} -m pip show torchaudio").returncode != 0
+    redone = play(limit="node3", tags=UP_TO_TORCH)
+    assert redone.rc == 0, [f"{f.task}: {f.message}" for f in redone.failures]
+    assert redone.stats["node3"]["changed"] > 0
+    versions = sh(
+        fleet,
+        "node3",
+        f"{PY} -c 'import torch, torchvision, torchaudio as a; "
+        "print(torch.__version__, torchvision.__version__, a.__version__)'",
+    )
+    assert versions.stdout.split() == ["2.6.0+cu118", "0.21.0+cu118", "2.6.0+cu118"]
+    again = play(limit="node3", tags=UP_TO_TORCH)
+    assert again.rc == 0 and again.stats["node3"]["changed"] == 0

@@ -1,0 +1,35 @@
+"""p40fleet pytorch probe: installed torch/torchvision/torchaudio versions and the env's pip files (as JSON)."""
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+
+
+def version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def sha1(path):
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha1(handle.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+print(
+    json.dumps(
+        {
+            "torch": version("torch"),
+            "torchvision": version("torchvision"),
+            "torchaudio": version("torchaudio"),
+            "pip_conf_sha1": sha1(os.path.join(sys.prefix, "pip.conf")),
+            "constraints_sha1": sha1(os.path.join(sys.prefix, "p40fleet-constraints.txt")),
+        }
+    )
+)
