@@ -39,7 +39,8 @@ fixtures: venv
 lint: venv
 	$(BIN)/yamllint --strict .
 	$(BIN)/ansible-lint --strict
-	$(BIN)/ruff check python
+	$(BIN)/ruff check python playbooks/files roles
+	$(BIN)/ruff format --check python playbooks/files roles
 	$(BIN)/ansible-playbook site.yml --syntax-check -i inventory/hosts.example.yml
 
 molecule: deps

@@ -345,6 +345,9 @@ class Sandbox:
             ),
             "p40fleet_sandbox_name": self.name,
             "p40fleet_sandbox_mirror_url": f"http://{mirror}:{MIRROR_PORT}",
+            # Stand-ins carry the real file names: keep them out of the controller's real caches.
+            "artifact_fetch_controller_cache_dir": str(self.dir / "artifact-cache"),
+            "apex_controller_cache_dir": str(self.dir / "apex-wheels"),
             **standin_vars,
         }
         (group_vars / "p40_sandbox.yml").write_text(
