@@ -8,8 +8,10 @@ import sys
 
 ENV_PYTHON = sys.argv[1]
 CUDNN_HEADER = pathlib.Path("/usr/local/cudnn-8.9.7-cuda11/include/cudnn_version.h")
+# verl is located, not imported: its import needs the GPU-only stack, which sandbox hosts lack.
 STACK_PROBE = (
-    "import os, torch, apex, verl; print(torch.__version__, torch.version.cuda, os.path.dirname(verl.__file__))"
+    "import importlib.util, os, torch, apex; "
+    "print(torch.__version__, torch.version.cuda, os.path.dirname(importlib.util.find_spec('verl').origin))"
 )
 
 
