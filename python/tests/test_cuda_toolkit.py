@@ -12,6 +12,7 @@ import hashlib
 import pytest
 
 from p40fleet.sandbox import Sandbox
+from tests.host_state import exists, sh
 
 pytestmark = pytest.mark.sandbox
 
@@ -60,16 +61,6 @@ def converge(fleet, run_playbook, tmp_path_factory):
         return run_playbook(PLAYBOOK, fleet.inventory_dir, extra_vars=variables, **kwargs)
 
     return run
-
-
-def sh(fleet: Sandbox, host: str, command: str) -> str:
-    result = fleet.exec(host, command)
-    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
-    return result.stdout.strip()
-
-
-def exists(fleet: Sandbox, host: str, path: str) -> bool:
-    return fleet.exec(host, f"test -e {path} || test -L {path}").returncode == 0
 
 
 def default_link(fleet: Sandbox, host: str) -> str | None:
