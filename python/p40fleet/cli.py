@@ -50,8 +50,9 @@ def _profiles(text: str) -> list[str]:
 def cmd_sandbox(args: argparse.Namespace) -> int:
     sandbox = Sandbox(args.name)
     if args.sandbox_command == "up":
-        profiles = _profiles(args.profiles) if args.profiles else list(DEMO_PROFILES[: args.hosts])
-        if args.profiles is None and args.hosts > len(DEMO_PROFILES):
+        if args.profiles:
+            profiles = _profiles(args.profiles)
+        else:
             profiles = [DEMO_PROFILES[i % len(DEMO_PROFILES)] for i in range(args.hosts)]
         console.print(f"Starting sandbox [bold]{args.name}[/] with {len(profiles)} host(s): {', '.join(profiles)}")
         for host in sandbox.up(profiles):
