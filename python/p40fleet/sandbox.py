@@ -57,6 +57,10 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 """
 
+# Podman names are machine-wide: two checkouts on one machine (or CI beside a developer) must not
+# share containers or networks, so every name carries a short hash of the checkout's path.
+PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]}"
+
 SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
 
 
@@ -161,8 +165,8 @@ class Sandbox:
         self.name = name
         self.dir = SANDBOX_DIR / name
         self.inventory_dir = self.dir / "inventory"
-        self.network = f"p40fleet-{name}"
-        self.mirror_container = f"p40fleet-{name}-mirror"
+        self.network = f"{PODMAN_PREFIX}-{name}"
+        self.mirror_container = f"{PODMAN_PREFIX}-{name}-mirror"
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -271,7 +275,7 @@ class Sandbox:
         )
 
     def _start_host(self, image: str, name: str, profile: str) -> Host:
-        container = f"p40fleet-{self.name}-{name}"
+        container = f"{PODMAN_PREFIX}-{self.name}-{name}"
         podman(
             "run",
             "-d",
