@@ -20,7 +20,7 @@ from p40fleet import report as report_mod
 from p40fleet.fixtures import FixtureError, fetch_upstream
 from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import RunError, run_playbook
-from p40fleet.sandbox import Sandbox, SandboxError, gpu_profiles
+from p40fleet.sandbox import LOGIN_MODES, Sandbox, SandboxError, gpu_profiles
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -55,7 +55,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         else:
             profiles = [DEMO_PROFILES[i % len(DEMO_PROFILES)] for i in range(args.hosts)]
         console.print(f"Starting sandbox [bold]{args.name}[/] with {len(profiles)} host(s): {', '.join(profiles)}")
-        for host in sandbox.up(profiles):
+        for host in sandbox.up(profiles, login=args.login):
             console.print(f"  {host.name:8} {host.address:15} {host.profile}")
         print(sandbox.inventory_dir)
     elif args.sandbox_command == "down":
@@ -168,6 +168,12 @@ def parser() -> argparse.ArgumentParser:
     up = ssub.add_parser("up", parents=[named])
     up.add_argument("--hosts", type=int, default=3)
     up.add_argument("--profiles", help="comma-separated GPU profiles, one host each (see `profiles`)")
+    up.add_argument(
+        "--login",
+        choices=LOGIN_MODES,
+        default="root",
+        help="how Ansible logs in: root, or sudo (the ordinary user ops with password-less sudo)",
+    )
     ssub.add_parser("down", parents=[named])
     ssub.add_parser("status", parents=[named])
     ssub.add_parser("profiles", parents=[named])

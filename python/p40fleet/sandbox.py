@@ -61,6 +61,10 @@ cgroup_manager = "cgroupfs"
 # share containers or networks, so every name carries a short hash of the checkout's path.
 PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]}"
 
+# How Ansible logs in: as root, or as an ordinary user with sudo, as on a real fleet.
+LOGIN_USER = "ops"
+LOGIN_MODES = ("root", "sudo")
+
 SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
 
 
@@ -102,6 +106,7 @@ def _locked(name: str) -> Iterator[None]:
 def image_recipe_hash() -> str:
     digest = hashlib.sha256()
     digest.update(f"{IMAGE_SUITE}\n{' '.join(IMAGE_PACKAGES)}\n{SSHD_COMMAND}\nown-host-keys\n".encode())
+    digest.update(f"login-user {LOGIN_USER}\n".encode())
     digest.update((HOST_STANDINS / "nvidia-smi").read_bytes())
     return digest.hexdigest()[:16]
 
@@ -141,6 +146,26 @@ def ensure_image() -> str:
             for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
                 key.unlink()
             (rootfs / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+            # The ordinary login user a real fleet has; whether it may sudo is set per host at start.
+            subprocess.run(
+                ["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash", LOGIN_USER], check=True
+            )
+            subprocess.run(
+                [
+                    "chroot",
+                    str(rootfs),
+                    "install",
+                    "-d",
+                    "-m",
+                    "0700",
+                    "-o",
+                    LOGIN_USER,
+                    "-g",
+                    LOGIN_USER,
+                    f"/home/{LOGIN_USER}/.ssh",
+                ],
+                check=True,
+            )
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
             podman("import", "--change", "CMD=/bin/sh", "-", tag, input_bytes=tar.stdout.read())
             if tar.wait() != 0:
@@ -154,6 +179,7 @@ class Host:
     container: str
     address: str
     profile: str
+    login: str = "root"
 
 
 class Sandbox:
@@ -189,9 +215,12 @@ class Sandbox:
         return self.dir / "id_ed25519"
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def up(self, profiles: Sequence[str]) -> list[Host]:
+    def up(self, profiles: Sequence[str], login: str = "root") -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
-        profiles is kept as it is, any other is replaced."""
+        profiles and login is kept as it is, any other is replaced. `login` is how Ansible logs in:
+        `root`, or `sudo` (the ordinary user `ops`, password-less sudo)."""
+        if login not in LOGIN_MODES:
+            raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         known = gpu_profiles()
         unknown = [p for p in profiles if p not in known]
         if unknown:
@@ -199,7 +228,7 @@ class Sandbox:
         if not profiles:
             raise SandboxError("a sandbox needs at least one host")
         current = self.hosts()
-        if [h.profile for h in current] == list(profiles) and self._running(current):
+        if [(h.profile, h.login) for h in current] == [(p, login) for p in profiles] and self._running(current):
             return current
         self.down()
         image = ensure_image()
@@ -210,7 +239,7 @@ class Sandbox:
         self._start_mirror(image, artifacts.mirror_dir)
         hosts = []
         for index, profile in enumerate(profiles, start=1):
-            hosts.append(self._start_host(image, f"node{index}", profile))
+            hosts.append(self._start_host(image, f"node{index}", profile, login))
         self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
         for host in hosts:
             self.set_profile(host.name, host.profile)
@@ -274,8 +303,9 @@ class Sandbox:
             "/srv/mirror",
         )
 
-    def _start_host(self, image: str, name: str, profile: str) -> Host:
+    def _start_host(self, image: str, name: str, profile: str, login: str) -> Host:
         container = f"{PODMAN_PREFIX}-{self.name}-{name}"
+        home = "/root" if login == "root" else f"/home/{LOGIN_USER}"
         podman(
             "run",
             "-d",
@@ -287,13 +317,24 @@ class Sandbox:
             "--network",
             self.network,
             "-v",
-            f"{self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
+            f"{self.dir / 'authorized_keys'}:{home}/.ssh/authorized_keys:ro",
             image,
             "sh",
             "-c",
             SSHD_COMMAND,
         )
-        return Host(name=name, container=container, address=self._address(container), profile=profile)
+        if login == "sudo":
+            sudoers = f"{LOGIN_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
+            podman(
+                "exec",
+                "-i",
+                container,
+                "sh",
+                "-c",
+                f"umask 0227 && cat > /etc/sudoers.d/{LOGIN_USER}",
+                input_bytes=sudoers.encode(),
+            )
+        return Host(name=name, container=container, address=self._address(container), profile=profile, login=login)
 
     def _address(self, container: str) -> str:
         template = f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}'
@@ -340,8 +381,9 @@ class Sandbox:
             + yaml.safe_dump(inventory, sort_keys=False)
         )
         mirror = self._address(self.mirror_container)
+        logins = {h.login for h in hosts}
         sandbox_vars = {
-            "ansible_user": "root",
+            "ansible_user": "root" if logins == {"root"} else LOGIN_USER,
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_private_key_file": str(self.key_file),
             "ansible_ssh_common_args": (

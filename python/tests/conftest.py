@@ -35,11 +35,11 @@ _sandboxes: dict[str, Sandbox] = {}
 
 @pytest.fixture(scope="session")
 def make_sandbox():
-    """make_sandbox(name, profiles) -> a running Sandbox; removed at the end of the session."""
+    """make_sandbox(name, profiles, login="root") -> a running Sandbox; removed at the end of the session."""
 
-    def make(name: str, profiles: Sequence[str]) -> Sandbox:
+    def make(name: str, profiles: Sequence[str], login: str = "root") -> Sandbox:
         sandbox = Sandbox(f"pytest-{name}")
-        sandbox.up(list(profiles))
+        sandbox.up(list(profiles), login=login)
         _sandboxes[sandbox.name] = sandbox
         return sandbox
 
