@@ -1,10 +1,12 @@
-# Probe of a host's CUDA toolkit state, run by the cuda_toolkit role as `python3 -c <this> <json request>`.
+# Probe of a host's CUDA toolkit state, run by the cuda_toolkit role as `python3 -I -S -c <this> <json request>`.
 # Reads only: version.json, `bin/nvcc --version`, the default /usr/local/cuda link, the role's
-# in-progress marker, free space, and apt's view of the host compiler. Prints one JSON object.
+# in-progress marker, free space, apt's view of the host compiler, and who could write the directories
+# root executes the installer from. Prints one JSON object.
 import json
 import os
 import re
 import shutil
+import stat as stat_module
 import subprocess
 import sys
 
@@ -84,4 +86,39 @@ if result["apt"]:
             "installed": installed.group(1) if installed and installed.group(1) != "(none)" else None,
             "candidate": candidate.group(1) if candidate and candidate.group(1) != "(none)" else None,
         }
+
+
+def private_dir_problems(path):
+    """Why another account could swap files in `path` (a directory root executes from), or [].
+
+    The directory, when it exists, must be a real directory owned by root. Every existing directory
+    above it (after resolving links) must be owned by root and writable by nobody else unless sticky
+    (as /var/tmp is); a link on the way must belong to root, or its owner could point it elsewhere."""
+    problems = []
+    path = os.path.abspath(path)
+    if os.path.lexists(path):
+        info = os.lstat(path)
+        if not stat_module.S_ISDIR(info.st_mode):
+            problems.append(f"{path} exists and is not a directory")
+        elif info.st_uid != 0:
+            problems.append(f"{path} is owned by uid {info.st_uid}, not root")
+    walked = os.path.dirname(path)
+    while walked != "/":
+        if os.path.islink(walked) and os.lstat(walked).st_uid != 0:
+            problems.append(f"{walked} is a link owned by uid {os.lstat(walked).st_uid}, not root")
+        walked = os.path.dirname(walked)
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        if os.path.exists(parent):
+            info = os.stat(parent)
+            if info.st_uid != 0:
+                problems.append(f"{parent} is owned by uid {info.st_uid}, not root")
+            elif info.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH) and not info.st_mode & stat_module.S_ISVTX:
+                problems.append(f"{parent} is writable by group or others (mode {oct(info.st_mode & 0o7777)})")
+        if parent == "/":
+            return problems
+        parent = os.path.dirname(parent)
+
+
+result["private_dir_problems"] = [p for path in request["private_dirs"] for p in private_dir_problems(path)]
 print(json.dumps(result))

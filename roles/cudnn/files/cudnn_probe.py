@@ -1,4 +1,4 @@
-# Probe of a host's cuDNN state, run by the cudnn role as `python3 -c <this> <json request>`.
+# Probe of a host's cuDNN state, run by the cudnn role as `python3 -I -S -c <this> <json request>`.
 # Reads only: the prefix's cudnn_version.h and symlinks, the links in the CUDA tree, the role's record
 # of what it installed, and the dynamic linker configuration. Prints one JSON object.
 import glob
