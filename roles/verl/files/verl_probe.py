@@ -1,4 +1,4 @@
-"""p40fleet verl probe (run by the env's python): the checkout, verl's install and the shim, as JSON.
+"""p40fleet verl probe (run by the env's python, as the env owner): the checkout, verl's install and the shim, as JSON.
 
 argv: SOURCE_DIR GIT_REF MARKER_FILE
 """
@@ -12,10 +12,9 @@ import sys
 source, ref, marker = sys.argv[1:4]
 
 
+# Run as the env owner, who owns the checkout: git's safe.directory protection stays on.
 def git(*args):
-    done = subprocess.run(
-        ["git", "-c", f"safe.directory={source}", "-C", source, *args], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(["git", "-C", source, *args], capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
