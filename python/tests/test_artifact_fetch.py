@@ -22,7 +22,7 @@ HOSTS = ("node1", "node2")
 
 @pytest.fixture(scope="module")
 def fleet(make_sandbox) -> Sandbox:
-    return make_sandbox("cuda", ["p40", "p40"])
+    return make_sandbox("cuda", ["p40", "p40"], login="sudo")
 
 
 @pytest.fixture(scope="module")

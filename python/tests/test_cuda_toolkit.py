@@ -7,9 +7,12 @@ the role's record-and-restore logic really runs. Tests run in order on one conve
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import shlex
 
 import pytest
+import yaml
 
 from p40fleet.sandbox import Sandbox
 from tests.host_state import exists, sh
@@ -19,7 +22,8 @@ pytestmark = pytest.mark.sandbox
 PLAYBOOK = "python/tests/playbooks/cuda_cudnn.yml"
 HOSTS = ("node1", "node2")
 HOME = "/usr/local/cuda-11.8"
-RUNFILE = "/var/tmp/p40fleet/cuda_11.8.0_520.61.05_linux.run"
+STAGING = "/var/tmp/p40fleet/cuda_toolkit.p40fleet"
+RUNFILE = f"{STAGING}/cuda_11.8.0_520.61.05_linux.run"
 MARKER = "/var/lib/p40fleet/cuda_toolkit-cuda-11.8.installing"
 ENV_FILE = "/etc/p40fleet/cuda-11.8.sh"
 LOG = "/var/log/cuda-installer.log"
@@ -31,7 +35,7 @@ DEFAULT_LINK = {"node1": None, "node2": OTHER}
 
 @pytest.fixture(scope="module")
 def fleet(make_sandbox) -> Sandbox:
-    sandbox = make_sandbox("cuda", ["p40", "p40"])
+    sandbox = make_sandbox("cuda", ["p40", "p40"], login="sudo")
     # The fleet is shared with other modules: start from hosts without any CUDA state.
     for host in HOSTS:
         reset = sandbox.exec(
@@ -61,6 +65,11 @@ def converge(fleet, run_playbook, tmp_path_factory):
         return run_playbook(PLAYBOOK, fleet.inventory_dir, extra_vars=variables, **kwargs)
 
     return run
+
+
+def sandbox_var(fleet: Sandbox, name: str) -> str:
+    variables = yaml.safe_load((fleet.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())
+    return str(variables[name])
 
 
 def default_link(fleet: Sandbox, host: str) -> str | None:
@@ -196,6 +205,56 @@ def test_tampered_runfile_fails_the_checksum_and_installs_nothing(fleet, converg
     assert result.stats["node2"]["changed"] == 0  # converged: nothing fetched, nothing checked against the pin
     assert not exists(fleet, "node1", HOME)
     assert not exists(fleet, "node1", MARKER)
-    assert sh(fleet, "node1", "ls -A /var/tmp/p40fleet") == ""
+    assert sh(fleet, "node1", f"ls -A {STAGING}") == ""
     assert sh(fleet, "node1", f"grep -c 'Arguments:' {LOG}") == runs_before
+
+
+def test_runfile_swapped_after_its_download_is_refused_before_root_runs_it(fleet, converge):
+    pinned = sandbox_var(fleet, "cuda_toolkit_runfile_sha256")
+    swapped = b"#!/bin/sh\necho a runfile swapped in after the download was verified\n"
+    sh(fleet, "node1", f"rm -rf {HOME}")
+    runs_before = sh(fleet, "node1", f"grep -c 'Arguments:' {LOG}")
+    # Between the download's verification and the installer: the in-progress marker is written then. The
+    # swapper is root (the staging dir lets nobody else in); the real risk is an account that could write there.
+    swapper = (
+        f"for i in $(seq 1 6000); do if [ -e {MARKER} ]; then"
+        f" echo {base64.b64encode(swapped).decode()} | base64 -d > {RUNFILE}.new && mv -f {RUNFILE}.new {RUNFILE};"
+        " exit 0; fi; sleep 0.05; done"
+    )
+    sh(fleet, "node1", f"setsid sh -c {shlex.quote(swapper)} </dev/null >/dev/null 2>&1 &")
+    result = converge()
+    assert result.rc != 0
+    messages = {f.host: f.message for f in result.failures}
+    assert set(messages) == {"node1"}, messages
+    message = messages["node1"]
+    assert message.startswith(f"node1: refusing to run {RUNFILE}: it has sha256 {hashlib.sha256(swapped).hexdigest()}")
+    assert f"the pinned sha256 is {pinned}" in message
+    assert result.stats["node2"]["changed"] == 0
+    # Refused before the installer ran: no new installer run, nothing installed.
+    assert sh(fleet, "node1", f"grep -c 'Arguments:' {LOG}") == runs_before
+    assert not exists(fleet, "node1", f"{HOME}/version.json")
+    # The directory root runs the installer from is root's alone; the login user cannot even look in.
+    assert sh(fleet, "node1", f"stat -c '%U %a' {STAGING}") == "root 700"
+    assert fleet.exec("node1", f"touch {STAGING}/planted", user="ops").returncode != 0
+    assert fleet.exec("node1", f"ls {STAGING}", user="ops").returncode != 0
+
+    # The next run finds the wrong file, fetches the pinned one again and installs.
+    redone = converge()
+    assert redone.rc == 0, redone.stdout
+    assert_installed(fleet, "node1")
+    assert not exists(fleet, "node1", STAGING)
+
+
+def test_a_staging_dir_another_account_owns_is_refused(fleet, converge):
+    sh(fleet, "node1", f"rm -rf {HOME} && mkdir -p {STAGING} && chown ops {STAGING}")
+    result = converge()
+    assert result.rc != 0
+    message = {f.host: f.message for f in result.failures}["node1"]
+    assert message.startswith(f"node1: root would run the CUDA installer from {STAGING}"), message
+    assert f"{STAGING} is owned by uid " in message
+    assert not exists(fleet, "node1", MARKER)
+    sh(fleet, "node1", f"rm -rf {STAGING}")
+    redone = converge()
+    assert redone.rc == 0, redone.stdout
+    assert_installed(fleet, "node1")
     assert default_link(fleet, "node1") is None

@@ -31,7 +31,7 @@ HEADERS = ["cudnn.h", "cudnn_version.h"]
 
 @pytest.fixture(scope="module")
 def fleet(make_sandbox) -> Sandbox:
-    sandbox = make_sandbox("cuda", ["p40", "p40"])
+    sandbox = make_sandbox("cuda", ["p40", "p40"], login="sudo")
     # The fleet is shared with other modules: start from hosts without any cuDNN state.
     for host in HOSTS:
         reset = sandbox.exec(
