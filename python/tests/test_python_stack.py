@@ -24,7 +24,7 @@ UP_TO_TORCH = "gpu_preflight,conda_env,pytorch"
 
 @pytest.fixture(scope="module")
 def fleet(make_sandbox):
-    return make_sandbox("python-stack", ["p40", "p40", "p40"])
+    return make_sandbox("python-stack", ["p40", "p40", "p40"], login="sudo")
 
 
 @pytest.fixture(scope="module")

@@ -173,6 +173,8 @@ def ws(tmp_path, releases) -> Workspace:
     inventory.write_text(
         "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
         f"      ansible_python_interpreter: {sys.executable}\n"
+        # The files are the test's own: no sudo on the controller (the variable outranks the tasks' become).
+        "      ansible_become: false\n"
     )
     workspace = Workspace(tmp_path, tmp_path / "verl", tmp_path / "state", inventory, tmp_path / "facts")
     workspace.load(releases["0.4.1"])
@@ -414,7 +416,7 @@ def _push(sandbox, host: str, archive: Path, dest: str) -> None:
 
 @pytest.mark.sandbox
 def test_sandbox_host_converges_verifies_reverts_and_refuses_040(make_sandbox, run_playbook, releases):
-    sandbox = make_sandbox("verl-patches", ["p40"])
+    sandbox = make_sandbox("verl-patches", ["p40"], login="sudo")
     _push(sandbox, "node1", SDIST_DIR / "verl-0.4.1.tar.gz", "/opt/verl-src")
     _push(sandbox, "node1", SDIST_DIR / "verl-0.4.0.tar.gz", "/opt/verl-old")
     inventory = sandbox.inventory_dir / "hosts.yml"
