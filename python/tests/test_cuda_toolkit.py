@@ -29,6 +29,14 @@ ENV_FILE = "/etc/p40fleet/cuda-11.8.sh"
 LOG = "/var/log/cuda-installer.log"
 KNOB = "/etc/p40fleet-sandbox/cuda-installer-fail"
 OTHER = "/usr/local/cuda-12.2"
+# `nvcc -V` of CUDA 11.8.0, as real 11.8 installs print it.
+NVCC_11_8_BANNER = [
+    "nvcc: NVIDIA (R) Cuda compiler driver",
+    "Copyright (c) 2005-2022 NVIDIA Corporation",
+    "Built on Wed_Sep_21_10:33:58_PDT_2022",
+    "Cuda compilation tools, release 11.8, V11.8.89",
+    "Build cuda_11.8.r11.8/compiler.31833905_0",
+]
 # Where /usr/local/cuda must point on each host after every run (None: absent).
 DEFAULT_LINK = {"node1": None, "node2": OTHER}
 
@@ -82,9 +90,8 @@ def default_link(fleet: Sandbox, host: str) -> str | None:
 
 def assert_installed(fleet: Sandbox, host: str) -> None:
     assert '"version" : "11.8.20220929"' in sh(fleet, host, f"cat {HOME}/version.json")
-    nvcc = sh(fleet, host, f". {ENV_FILE} && command -v nvcc && nvcc --version")
-    assert nvcc.startswith(f"{HOME}/bin/nvcc\n")
-    assert "Cuda compilation tools, release 11.8, V11.8.89" in nvcc
+    nvcc = sh(fleet, host, f". {ENV_FILE} && command -v nvcc && nvcc -V")
+    assert nvcc.splitlines() == [f"{HOME}/bin/nvcc", *NVCC_11_8_BANNER]
     assert sh(fleet, host, f"readlink {HOME}/lib64/libcudart.so {HOME}/lib64/libcudart.so.11.0").split() == [
         "libcudart.so.11.0",
         "libcudart.so.11.8.89",
@@ -258,3 +265,80 @@ def test_a_staging_dir_another_account_owns_is_refused(fleet, converge):
     assert redone.rc == 0, redone.stdout
     assert_installed(fleet, "node1")
     assert default_link(fleet, "node1") is None
+
+
+# The runfile is as strict as NVIDIA's: each case below breaks one thing through a role variable.
+INSTALLER_ARGS = [
+    "--silent",
+    "--toolkit",
+    f"--toolkitpath={HOME}",
+    "--tmpdir=/var/tmp/p40fleet/cuda-installer.p40fleet",
+    "--no-man-page",
+    "--override",
+]
+
+
+def installer_runs(fleet: Sandbox, host: str) -> int:
+    """How many installer runs got past the option check (each logs its arguments)."""
+    return int(sh(fleet, host, f"grep -c 'Arguments:' {LOG} || true") or 0)
+
+
+def installer_processes(fleet: Sandbox, host: str) -> str:
+    # The bracket keeps this command's own command line from matching.
+    return sh(fleet, host, "ps -eo pid,args | grep '[c]uda_11.8.0_520' || true")
+
+
+def only_failure(result, host: str) -> str:
+    messages = {f.host: f.message for f in result.failures}
+    assert set(messages) == {host}, result.stdout
+    return messages[host]
+
+
+def test_an_unknown_installer_flag_is_refused_and_installs_nothing(fleet, converge):
+    sh(fleet, "node1", f"rm -rf {HOME}")
+    runs_before = installer_runs(fleet, "node1")
+    result = converge(extra_vars={"cuda_toolkit_installer_extra_args": ["--no-such-option"]}, limit="node1")
+    assert result.rc != 0
+    message = only_failure(result, "node1")
+    assert message.startswith(
+        f"node1: the CUDA 11.8 installer failed (exit 1) installing to {HOME}. Installer log: {LOG}."
+    ), message
+    assert "Arguments: " + " ".join([*INSTALLER_ARGS, "--no-such-option"]) + "." in message
+    assert installer_runs(fleet, "node1") == runs_before
+    assert not exists(fleet, "node1", HOME)
+    assert default_link(fleet, "node1") is None
+
+
+def test_an_installer_waiting_for_its_eula_is_stopped_by_the_timeout(fleet, converge):
+    without_silent = [arg for arg in INSTALLER_ARGS if arg != "--silent"]
+    result = converge(
+        extra_vars={"cuda_toolkit_installer_args": without_silent, "cuda_toolkit_installer_timeout": 5},
+        limit="node1",
+    )
+    assert result.rc != 0
+    message = only_failure(result, "node1")
+    assert message.startswith(
+        f"node1: the CUDA 11.8 installer {RUNFILE} did not finish within 5 seconds and was stopped (exit 124)."
+    ), message
+    assert f"Arguments: {' '.join(without_silent)}. Installer log: {LOG}." in message
+    assert installer_processes(fleet, "node1") == ""  # stopped on the host, not just abandoned
+    assert not exists(fleet, "node1", f"{HOME}/version.json")
+    assert default_link(fleet, "node1") is None
+
+
+def test_an_installer_without_libxml2_exits_127_and_the_role_installs_it(fleet, converge):
+    sh(fleet, "node1", "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q libxml2 >/dev/null")
+    assert sh(fleet, "node1", "/sbin/ldconfig -p | grep -c 'libxml2.so.2 ' || true") == "0"
+    missing = converge(extra_vars={"cuda_toolkit_installer_packages": []}, limit="node1")
+    assert missing.rc != 0
+    message = only_failure(missing, "node1")
+    assert message.startswith(f"node1: the CUDA 11.8 installer failed (exit 127) installing to {HOME}."), message
+    assert "It could not start: a shared library it is linked against is missing" in message
+    assert "libxml2.so.2: cannot open shared object file" in message
+    assert default_link(fleet, "node1") is None
+
+    # With the role's default list, libxml2 comes back from apt and the install completes.
+    fixed = converge(limit="node1")
+    assert fixed.rc == 0, fixed.stdout
+    assert sh(fleet, "node1", "dpkg-query -W -f '${Status}' libxml2") == "install ok installed"
+    assert_installed(fleet, "node1")

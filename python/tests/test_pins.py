@@ -25,16 +25,14 @@ def test_every_pin_restates_its_role_default():
         assert value == defaults[name], f"{name}: pins.yml says {value!r}, the role default says {defaults[name]!r}"
 
 
-# Pins nobody could confirm from here stay empty, and their role must refuse to run until one is set.
-NOT_YET_PINNED = {"conda_env_installer_sha256": "roles/conda_env/tasks/main.yml"}
-
-
-def test_every_sha256_pin_is_a_sha256_or_refused_until_set():
+def test_every_sha256_pin_is_a_sha256():
     for name, value in yaml.safe_load(PINS.read_text()).items():
-        if not name.endswith("_sha256"):
-            continue
-        if name in NOT_YET_PINNED and value == "":
-            guard = (REPO_ROOT / NOT_YET_PINNED[name]).read_text()
-            assert f"{name} is match('^[0-9a-fA-F]{{64}}$')" in guard, f"{name} is empty and nothing refuses it"
-            continue
-        assert isinstance(value, str) and len(value) == 64 and int(value, 16) >= 0, name
+        if name.endswith("_sha256"):
+            assert isinstance(value, str) and len(value) == 64 and int(value, 16) >= 0, name
+
+
+def test_no_role_default_leaves_a_pin_empty():
+    for path in sorted(REPO_ROOT.glob("roles/*/defaults/main.yml")):
+        for name, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if "sha256" in name or "checksum" in name:
+                assert value not in ("", None), f"{path.relative_to(REPO_ROOT)}: {name} is an empty pin"
