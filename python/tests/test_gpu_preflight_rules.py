@@ -204,10 +204,9 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
         (
             "refused",
             [
-                "found NVIDIA's open kernel module 535.183.01 (/proc/driver/nvidia/version: \"NVRM version: "
-                'NVIDIA UNIX Open Kernel Module for x86_64  535.183.01  Release Build  (nixbld@)") with Tesla P40 '
-                "(compute capability 6.1); required: the proprietary NVIDIA kernel module, as the open one "
-                "supports Turing (compute capability 7.5) and newer only;",
+                "found NVIDIA's open kernel module 535.183.01 (/proc/driver/nvidia/version names the \"Open Kernel "
+                'Module") with Tesla P40 (compute capability 6.1); required: the proprietary NVIDIA kernel module, '
+                "as the open one supports Turing (compute capability 7.5) and newer only;",
                 "do: install the proprietary kernel module of the same driver branch (not its -open variant), "
                 "reboot, re-run",
             ],
