@@ -9,6 +9,7 @@ host was left untouched, and that a driver change is reported and changes nothin
 from __future__ import annotations
 
 import json
+import shlex
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,15 @@ ROLE = REPO_ROOT / "roles" / "gpu_preflight"
 STATE_FILE = "/etc/ansible/facts.d/p40fleet_preflight.fact"
 PUBLISH_TASK = "Ensure the GPU profile and host facts are published for the later stages"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+REAL_HOSTS = Path("/work/shared/reference/real-hosts")
 HUGE_DISK = [{"path": "/opt/p40fleet/conda", "min_free_gib": 100000, "purpose": "conda prefix"}]
+
+
+def recorded_os_release(path: Path) -> str:
+    """/etc/os-release exactly as a real host answered it (its recording's `cat /etc/os-release` block)."""
+    block = path.read_text().split("$ cat /etc/os-release\n", 1)[1]
+    return block.split("\n$ ", 1)[0] + "\n"
+
 
 # host -> (sandbox GPU profile, host_vars for the run)
 FLEET: dict[str, tuple[str, dict]] = {
@@ -54,12 +63,15 @@ FLEET: dict[str, tuple[str, dict]] = {
     ),
     "node21": ("p40", {}),
     "node22": ("p40", {}),
+    "node23": ("p40", {}),
 }
 
 # Hosts that pretend to run another OS (their /etc/os-release is replaced before the run).
 OS_RELEASE = {
     "node21": 'ID=rocky\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\nPRETTY_NAME="Rocky Linux 9.4 (Blue Onyx)"\n',
-    "node22": 'ID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\nPRETTY_NAME="Ubuntu 24.04.1 LTS"\n',
+    "node22": 'ID=ubuntu\nID_LIKE=debian\nVERSION_ID="18.04"\nPRETTY_NAME="Ubuntu 18.04.6 LTS"\n',
+    # Ubuntu 24.04 as a real host answers (h200-r580-open.txt), today's most common server release.
+    "node23": recorded_os_release(REAL_HOSTS / "h200-r580-open.txt"),
 }
 
 # Refused hosts and exact fragments of their one failure message.
@@ -105,8 +117,8 @@ REFUSED = {
         "Debian or Ubuntu",
     ],
     "node22": [
-        "found Ubuntu 24.04.1 LTS (ID=ubuntu, VERSION_ID=24.04), a release p40fleet has not been tested on; "
-        "tested: debian 11, 12; ubuntu 20.04, 22.04;",
+        "found Ubuntu 18.04.6 LTS (ID=ubuntu, VERSION_ID=18.04), a release p40fleet has not been tested on; "
+        "tested: debian 11, 12; ubuntu 20.04, 22.04, 24.04;",
     ],
 }
 
@@ -183,6 +195,7 @@ ACCEPTED = {
         "cuda_visible_devices": "",
     },
     "node16": {"name": "pascal"},
+    "node23": {"name": "pascal", "gpu_name": "Tesla P40"},
     "node17": {"name": "pascal", "gpu_count": 2, "cuda_visible_devices": "0,1"},
     "node18": {
         "name": "pascal",
@@ -232,23 +245,8 @@ def written_since_marker(sandbox, host: str) -> list[str]:
     ]
 
 
-@dataclass
-class Fleet:
-    sandbox: Sandbox
-    playbook: Path
-
-
-@pytest.fixture(scope="module")
-def fleet(make_sandbox, tmp_path_factory):
-    sandbox = make_sandbox("gpu-preflight", [profile for profile, _ in FLEET.values()])
-    for host, os_release in OS_RELEASE.items():
-        done = sandbox.exec(host, f"rm -f /etc/os-release && printf '{os_release}' > /etc/os-release")
-        assert done.returncode == 0, done.stderr
-    for host in FLEET:
-        # A sandbox kept from an interrupted session may carry saved state: start clean.
-        sandbox.exec(host, "rm -rf /etc/ansible && touch /tmp/p40fleet-marker")
-    play_dir: Path = tmp_path_factory.mktemp("gpu_preflight")
-    (play_dir / "preflight.yml").write_text(
+def write_preflight_playbook(path: Path) -> None:
+    path.write_text(
         textwrap.dedent(
             f"""\
             ---
@@ -260,6 +258,25 @@ def fleet(make_sandbox, tmp_path_factory):
             """
         )
     )
+
+
+@dataclass
+class Fleet:
+    sandbox: Sandbox
+    playbook: Path
+
+
+@pytest.fixture(scope="module")
+def fleet(make_sandbox, tmp_path_factory):
+    sandbox = make_sandbox("gpu-preflight", [profile for profile, _ in FLEET.values()])
+    for host, os_release in OS_RELEASE.items():
+        done = sandbox.exec(host, f"rm -f /etc/os-release && printf '%s' {shlex.quote(os_release)} > /etc/os-release")
+        assert done.returncode == 0, done.stderr
+    for host in FLEET:
+        # A sandbox kept from an interrupted session may carry saved state: start clean.
+        sandbox.exec(host, "rm -rf /etc/ansible && touch /tmp/p40fleet-marker")
+    play_dir: Path = tmp_path_factory.mktemp("gpu_preflight")
+    write_preflight_playbook(play_dir / "preflight.yml")
     (play_dir / "host_vars").mkdir()
     for host, (_, host_vars) in FLEET.items():
         if host_vars:
@@ -403,3 +420,37 @@ def test_driver_change_is_reported_and_changes_only_the_saved_state(fleet, prefl
     assert settled.stats[host]["changed"] == 0
     assert published_facts(settled, host)["gpu_preflight_driver_changed"] is False
     assert "re-verifying the stack" not in settled.stdout
+
+
+@pytest.fixture(scope="module")
+def sudo_fleet(make_sandbox, tmp_path_factory):
+    """Hosts as a real fleet has them: Ansible logs in as an ordinary user with password-less sudo."""
+    sandbox = make_sandbox("gpu-preflight-sudo", ["p40", "p40-driver-r590"], login="sudo")
+    for host in ("node1", "node2"):
+        sandbox.exec(host, "rm -rf /etc/ansible && touch /tmp/p40fleet-marker")
+    playbook = tmp_path_factory.mktemp("gpu_preflight_sudo") / "preflight.yml"
+    write_preflight_playbook(playbook)
+    return Fleet(sandbox, playbook)
+
+
+def test_preflight_works_for_an_ordinary_login_user_with_sudo(sudo_fleet, run_playbook):
+    sandbox = sudo_fleet.sandbox
+    assert (
+        yaml.safe_load((sandbox.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())["ansible_user"] == "ops"
+    )
+    first = run_playbook(sudo_fleet.playbook, sandbox.inventory_dir)
+    assert (first.stats["node1"]["failures"], first.stats["node1"]["changed"]) == (0, 2), first.host_failures("node1")
+    assert "required: branch <= R580" in first.host_failures("node2")[0].message
+    # Only the saved state needs root: it is root's and readable by all; nothing else was written
+    # (but the login user's own home and sudo's timestamps).
+    assert sandbox.exec("node1", f"stat -c '%U %G %a' {STATE_FILE}").stdout.split() == ["root", "root", "644"]
+    assert saved_state(sandbox, "node1")["profile"]["name"] == "pascal"
+    by_us = {
+        host: [p for p in written_since_marker(sandbox, host) if not p.startswith(("/home/ops", "/var/lib/sudo"))]
+        for host in ("node1", "node2")
+    }
+    assert by_us == {"node1": ["/etc", "/etc/ansible", "/etc/ansible/facts.d", STATE_FILE], "node2": []}
+    again = run_playbook(sudo_fleet.playbook, sandbox.inventory_dir, limit="node1")
+    assert (again.stats["node1"]["failures"], again.stats["node1"]["changed"]) == (0, 0)
+    verify = run_playbook(sudo_fleet.playbook, sandbox.inventory_dir, limit="node1", tags="verify")
+    assert (verify.stats["node1"]["failures"], verify.stats["node1"]["changed"]) == (0, 0)

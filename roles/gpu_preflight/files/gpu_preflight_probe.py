@@ -19,6 +19,10 @@ QUERY_FIELDS = ["index", "name", "compute_cap", "memory.total", "driver_version"
 INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 SYSTEM_BIN_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin", "/usr/local/nvidia/bin"]
 NVIDIA_PCI_VENDOR = "0x10de"
+NVRM_LINE = re.compile(
+    r"^NVRM version: NVIDIA UNIX (?P<open>Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+(?P<version>\d+(?:\.\d+)+)",
+    re.MULTILINE,
+)
 # A hung driver can block nvidia-smi for minutes; preflight should say so, not hang.
 NVIDIA_SMI_TIMEOUT = 60
 
@@ -33,22 +37,26 @@ def run(argv):
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
-def os_release():
+def parse_os_release(text):
     values = {}
-    try:
-        with open("/etc/os-release", encoding="utf-8") as handle:
-            for line in handle:
-                key, sep, value = line.strip().partition("=")
-                if sep:
-                    values[key] = value.strip().strip('"')
-    except OSError:
-        pass
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            values[key] = value.strip().strip('"')
     return {
         "id": values.get("ID", "unknown"),
         "id_like": values.get("ID_LIKE", "").split(),
         "version_id": values.get("VERSION_ID", ""),
         "pretty_name": values.get("PRETTY_NAME", "unknown OS"),
     }
+
+
+def os_release():
+    try:
+        with open("/etc/os-release", encoding="utf-8") as handle:
+            return parse_os_release(handle.read())
+    except OSError:
+        return parse_os_release("")
 
 
 def mem_total_mib():
@@ -134,13 +142,25 @@ def nvidia_pci_devices():
     return count
 
 
-def kernel_module_version():
+def kernel_module(text):
+    """The loaded module's version and flavor from /proc/driver/nvidia/version's NVRM line.
+
+    Proprietary: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  ...";
+    open: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...".
+    """
+    match = NVRM_LINE.search(text)
+    if not match:
+        return {"version": "", "flavor": ""}
+    return {"version": match.group("version"), "flavor": "open" if match.group("open") else "proprietary"}
+
+
+def read_kernel_module():
     try:
         with open("/proc/driver/nvidia/version", encoding="utf-8") as handle:
-            match = re.search(r"Kernel Module\s+(\S+)", handle.read())
+            text = handle.read()
     except OSError:
-        return ""
-    return match.group(1) if match else ""
+        text = ""
+    return dict(kernel_module(text), line=text.splitlines()[0].strip() if text.strip() else "")
 
 
 def find_nvidia_smi(name):
@@ -163,16 +183,22 @@ def query_gpus(smi):
             continue
         break
     result = {"path": smi, "rc": rc, "output": out, "missing_fields": missing, "gpus": []}
-    if rc != 0:
-        return result
+    if rc == 0:
+        result["gpus"] = parse_gpus(fields, out)
+    return result
+
+
+def parse_gpus(fields, out):
+    """One dict per GPU from `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`."""
+    gpus = []
     for line in out.splitlines():
         if not line.strip():
             continue
         row = dict(zip(fields, (cell.strip() for cell in line.split(","))))  # noqa: B905 - hosts may run Python 3.8, without zip(strict=)
         memory = row.get("memory.total", "")
-        result["gpus"].append(
+        gpus.append(
             {
-                "index": int(row["index"]) if row.get("index", "").isdigit() else len(result["gpus"]),
+                "index": int(row["index"]) if row.get("index", "").isdigit() else len(gpus),
                 "name": row.get("name", ""),
                 "compute_cap": row.get("compute_cap", ""),
                 "memory_mib": int(memory) if memory.isdigit() else 0,
@@ -180,7 +206,7 @@ def query_gpus(smi):
                 "pci_bus_id": row.get("pci.bus_id", ""),
             }
         )
-    return result
+    return gpus
 
 
 def saved_state(path):
@@ -197,6 +223,7 @@ def main():
     request = json.loads(sys.argv[1])
     smi = find_nvidia_smi(request["nvidia_smi"])
     nvidia = query_gpus(smi) if smi else {"path": "", "rc": None, "output": "", "missing_fields": [], "gpus": []}
+    module = read_kernel_module()
     report = {
         "os": os_release(),
         "cpu_count": len(os.sched_getaffinity(0)),
@@ -205,7 +232,8 @@ def main():
         "gcc": gcc(),
         "nvidia_smi": nvidia,
         "nvidia_pci_devices": nvidia_pci_devices(),
-        "kernel_module_version": kernel_module_version(),
+        "kernel_module": module,
+        "kernel_module_version": module["version"],
         "state": saved_state(request["state_file"]),
     }
     json.dump(report, sys.stdout, sort_keys=True)

@@ -1,0 +1,403 @@
+"""gpu_preflight's decisions without containers: recorded and synthetic probe answers, one verdict each.
+
+The probe (files/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
+judgement (tasks/assess.yml) runs in a local ansible-playbook against fake hosts whose probe report
+is given, so every GPU, driver, kernel module, OS and disk situation is paired with its exact verdict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from p40fleet.paths import REPO_ROOT
+from p40fleet.run import run_playbook
+
+ROLE = REPO_ROOT / "roles" / "gpu_preflight"
+REAL_HOSTS = Path("/work/shared/reference/real-hosts")
+H200_OPEN = REAL_HOSTS / "h200-r580-open.txt"
+WARNING_TASK = "Ensure findings that do not block provisioning are shown"
+PUBLISH_TASK = "Ensure the GPU profile and host facts are published for the later stages"
+GIB = 1 << 30
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("gpu_preflight_probe", ROLE / "files" / "gpu_preflight_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PROBE = load_probe()
+
+
+def recorded(path: Path, command: str) -> str:
+    """The verbatim output of one command in a real-hosts recording ("$ command" then its output)."""
+    blocks = re.split(r"^\$ ", path.read_text(), flags=re.MULTILINE)
+    for block in blocks[1:]:
+        head, _, output = block.partition("\n")
+        if head == command:
+            return output
+    raise AssertionError(f"{path.name} has no recorded answer to {command!r}")
+
+
+H200_OS_RELEASE = recorded(H200_OPEN, "cat /etc/os-release")
+H200_NVRM = recorded(H200_OPEN, "cat /proc/driver/nvidia/version")
+H200_QUERY = recorded(
+    H200_OPEN,
+    "nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version,pci.bus_id "
+    "--format=csv,noheader,nounits; echo rc=$?",
+)
+PROPRIETARY_NVRM = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n"
+    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+)
+
+
+# --- The probe's parsers, on recorded answers --------------------------------------------------------
+
+
+def test_open_kernel_module_line_is_parsed_as_open_with_its_version():
+    assert H200_NVRM.startswith("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04")
+    assert PROBE.kernel_module(H200_NVRM) == {"version": "580.159.04", "flavor": "open"}
+
+
+def test_proprietary_kernel_module_line_is_parsed_as_proprietary():
+    assert PROBE.kernel_module(PROPRIETARY_NVRM) == {"version": "535.183.01", "flavor": "proprietary"}
+
+
+def test_no_kernel_module_reads_as_nothing():
+    assert PROBE.kernel_module("") == {"version": "", "flavor": ""}
+
+
+def test_recorded_os_release_and_gpu_query_are_read():
+    os_release = PROBE.parse_os_release(H200_OS_RELEASE)
+    assert (os_release["id"], os_release["version_id"], os_release["id_like"]) == ("ubuntu", "24.04", ["debian"])
+    output = H200_QUERY.rsplit("rc=", 1)[0].strip()
+    gpus = PROBE.parse_gpus(PROBE.QUERY_FIELDS, output)
+    assert gpus == [
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "compute_cap": "9.0",
+            "memory_mib": 143771,
+            "driver_version": "580.159.04",
+            "pci_bus_id": "00000000:00:06.0",
+        }
+    ]
+
+
+# --- Synthetic probe reports -------------------------------------------------------------------------
+
+DEBIAN12 = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
+P40 = {"name": "Tesla P40", "compute_cap": "6.1", "memory_mib": 24576}
+T4 = {"name": "Tesla T4", "compute_cap": "7.5", "memory_mib": 15360}
+
+# Filesystems of the fake hosts: mount point -> free GiB. Paths resolve to their longest mount prefix.
+ONE_DISK = {"/": 500}
+SMALL_ROOT_BIG_SCRATCH = {"/": 40, "/scratch": 500}
+# Every path any case configures (the fake probe reports all of them; the role picks its own).
+PATHS = [
+    "/usr/local/cuda-11.8",
+    "/usr/local/cudnn-8.9.7-cuda11",
+    "/var/tmp/p40fleet",
+    "/opt/miniconda3",
+    "/scratch/tmp",
+    "/scratch/miniconda3",
+    "/scratch/downloads",
+]
+
+
+def disks(filesystems: dict[str, float]) -> list[dict]:
+    out = []
+    for path in PATHS:
+        mount = max((m for m in filesystems if path == m or path.startswith(m.rstrip("/") + "/")), key=len)
+        out.append(
+            {
+                "path": path,
+                "checked_path": mount,
+                "device": sorted(filesystems).index(mount) + 2049,
+                "free_bytes": int(filesystems[mount] * GIB),
+            }
+        )
+    return out
+
+
+def report(
+    gpus=(P40,),
+    driver="535.183.01",
+    os_release=DEBIAN12,
+    nvrm=PROPRIETARY_NVRM,
+    filesystems=ONE_DISK,
+    smi_rc=0,
+    smi_output=None,
+    pci_devices=None,
+):
+    rows = [
+        {**gpu, "index": index, "driver_version": driver, "pci_bus_id": f"00000000:0{index}:00.0"}
+        for index, gpu in enumerate(gpus)
+    ]
+    return {
+        "os": PROBE.parse_os_release(os_release),
+        "cpu_count": 8,
+        "mem_total_mib": 65536,
+        "disks": disks(filesystems),
+        "gcc": {"gcc11_path": "/usr/bin/gcc-11", "gcc11_candidate": "", "default_version": "12.2.0"},
+        "nvidia_smi": {
+            "path": "/usr/bin/nvidia-smi",
+            "rc": smi_rc,
+            "output": smi_output if smi_output is not None else "(csv rows)",
+            "missing_fields": [],
+            "gpus": rows if smi_rc == 0 else [],
+        },
+        "nvidia_pci_devices": len(gpus) if pci_devices is None else pci_devices,
+        "kernel_module_version": PROBE.kernel_module(nvrm)["version"],
+        "kernel_module": PROBE.kernel_module(nvrm),
+        "state": {"exists": False, "content": None, "error": ""},
+    }
+
+
+def h200_report():
+    output = H200_QUERY.rsplit("rc=", 1)[0].strip()
+    gpus = PROBE.parse_gpus(PROBE.QUERY_FIELDS, output)
+    found = report(os_release=H200_OS_RELEASE, nvrm=H200_NVRM)
+    found["nvidia_smi"].update(output=output, gpus=gpus)
+    found["nvidia_pci_devices"] = 1
+    found["gcc"] = {"gcc11_path": "", "gcc11_candidate": "", "default_version": "13.3.0"}
+    return found
+
+
+def os_release(pretty: str, os_id: str, version: str, like: str = "debian") -> str:
+    return f'PRETTY_NAME="{pretty}"\nID={os_id}\nID_LIKE={like}\nVERSION_ID="{version}"\n'
+
+
+SCRATCH_PATHS = {
+    "cuda_toolkit_tmpdir": "/scratch/tmp",
+    "cuda_toolkit_download_dir": "/scratch/downloads",
+    "cudnn_download_dir": "/scratch/downloads",
+    "conda_env_download_dir": "/scratch/downloads",
+    "conda_env_install_prefix": "/scratch/miniconda3",
+}
+
+# host -> (probe report, host_vars, verdict). A verdict is ("accepted", profile name) or
+# ("refused", [exact fragments of the one finding]).
+CASES: dict[str, tuple[dict, dict, tuple]] = {
+    # Bug: the recorded H200 on the open module and Ubuntu 24.04 is a valid modern host.
+    "h200_recorded": (h200_report(), {}, ("accepted", "modern")),
+    "p40_proprietary": (report(), {}, ("accepted", "pascal")),
+    "t4_open_module": (
+        report(gpus=(T4,), nvrm=H200_NVRM.replace("580.159.04", "535.183.01")),
+        {},
+        ("accepted", "turing"),
+    ),
+    # A Pascal GPU cannot run the open module (FACTS.md): refused, naming the module line.
+    "p40_open_module": (
+        report(nvrm=H200_NVRM.replace("580.159.04", "535.183.01")),
+        {},
+        (
+            "refused",
+            [
+                "found NVIDIA's open kernel module 535.183.01 (/proc/driver/nvidia/version names the \"Open Kernel "
+                'Module") with Tesla P40 (compute capability 6.1); required: the proprietary NVIDIA kernel module, '
+                "as the open one supports Turing (compute capability 7.5) and newer only;",
+                "do: install the proprietary kernel module of the same driver branch (not its -open variant), "
+                "reboot, re-run",
+            ],
+        ),
+    ),
+    # What a Pascal host on the open module really shows: the open module does not bind the GPU.
+    "pascal_unbound_by_open_module": (
+        report(gpus=(), nvrm=H200_NVRM, smi_output="No devices were found", pci_devices=1),
+        {},
+        (
+            "refused",
+            [
+                "nvidia-smi finds no GPU while 1 NVIDIA display device(s) sit on the PCI bus and NVIDIA's open "
+                "kernel module 580.159.04 is loaded; required: the proprietary NVIDIA kernel module for GPUs "
+                "older than Turing (a P40 is Pascal);",
+            ],
+        ),
+    ),
+    # OS matrix: Debian 11, 12 and Ubuntu 20.04, 22.04, 24.04 pass; others get a clear refusal.
+    "debian11": (
+        report(os_release=os_release("Debian GNU/Linux 11 (bullseye)", "debian", "11", "")),
+        {},
+        ("accepted", "pascal"),
+    ),
+    "ubuntu2004": (report(os_release=os_release("Ubuntu 20.04.6 LTS", "ubuntu", "20.04")), {}, ("accepted", "pascal")),
+    "ubuntu2204": (report(os_release=os_release("Ubuntu 22.04.4 LTS", "ubuntu", "22.04")), {}, ("accepted", "pascal")),
+    "ubuntu2404": (report(os_release=os_release("Ubuntu 24.04.1 LTS", "ubuntu", "24.04")), {}, ("accepted", "pascal")),
+    "ubuntu1804": (
+        report(os_release=os_release("Ubuntu 18.04.6 LTS", "ubuntu", "18.04")),
+        {},
+        (
+            "refused",
+            [
+                "found Ubuntu 18.04.6 LTS (ID=ubuntu, VERSION_ID=18.04), a release p40fleet has not been tested "
+                "on; tested: debian 11, 12; ubuntu 20.04, 22.04, 24.04;",
+                "or set gpu_preflight_strict: false to proceed with a warning",
+            ],
+        ),
+    ),
+    "rocky9": (
+        report(os_release=os_release("Rocky Linux 9.4 (Blue Onyx)", "rocky", "9.4", '"rhel centos fedora"')),
+        {},
+        (
+            "refused",
+            [
+                "found Rocky Linux 9.4 (Blue Onyx) (ID=rocky, VERSION_ID=9.4), which is not supported; required: "
+                "Debian or Ubuntu (the later stages install with apt);",
+            ],
+        ),
+    ),
+    # Disks: the configured paths, summed per filesystem.
+    "small_root_defaults": (
+        report(filesystems=SMALL_ROOT_BIG_SCRATCH),
+        {},
+        (
+            "refused",
+            [
+                "too little disk: /usr/local/cuda-11.8 (CUDA 11.8 toolkit, cuda_toolkit_home, 7 GiB) + "
+                "/var/tmp/p40fleet (CUDA runfile extraction, cuda_toolkit_tmpdir, 10 GiB) + ",
+                "/opt/miniconda3 (Miniconda and the verl env, conda_env_install_prefix, 20 GiB)",
+                " on the filesystem of /: 40.0 GiB free; required: 47 GiB free there;",
+            ],
+        ),
+    ),
+    # A host that moves its temp dir, downloads and conda prefix to a big disk passes.
+    "small_root_scratch_paths": (report(filesystems=SMALL_ROOT_BIG_SCRATCH), SCRATCH_PATHS, ("accepted", "pascal")),
+    "scratch_too_small_for_the_sum": (
+        report(filesystems={"/": 40, "/scratch": 30}),
+        SCRATCH_PATHS,
+        (
+            "refused",
+            [
+                "too little disk: /scratch/tmp (CUDA runfile extraction, cuda_toolkit_tmpdir, 10 GiB) + "
+                "/scratch/downloads (CUDA runfile download, cuda_toolkit_download_dir, 5 GiB) + ",
+                " on the filesystem of /scratch: 30.0 GiB free; required: 37 GiB free there;",
+            ],
+        ),
+    ),
+    # Soft finding with strict off (a real bool): warned, accepted.
+    "ubuntu1804_not_strict": (
+        report(os_release=os_release("Ubuntu 18.04.6 LTS", "ubuntu", "18.04")),
+        {"gpu_preflight_strict": False},
+        ("accepted", "pascal"),
+    ),
+    # Strict off as a string, as `-e gpu_preflight_strict=false` or a quoted YAML value gives it.
+    "ubuntu1804_not_strict_string": (
+        report(os_release=os_release("Ubuntu 18.04.6 LTS", "ubuntu", "18.04")),
+        {"gpu_preflight_strict": "false"},
+        ("accepted", "pascal"),
+    ),
+}
+
+
+def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> dict:
+    """Run the role's assess.yml on fake local hosts; return {host: [(task, result), ...]} in order."""
+    hosts = {}
+    for host, (found, host_vars, _) in cases.items():
+        hosts[host] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "gpu_preflight_probe": {"stdout": json.dumps(found)},
+            **host_vars,
+        }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    playbook = tmp_path / "assess.yml"
+    playbook.write_text(
+        textwrap.dedent(
+            f"""\
+            ---
+            - name: Judge fake hosts' probe reports
+              hosts: p40-hosts
+              gather_facts: false
+              tasks:
+                - name: Judge the report
+                  ansible.builtin.include_role:
+                    name: {ROLE}
+                    tasks_from: assess.yml
+            """
+        )
+    )
+    # Nothing of these fake hosts may reach a fact cache.
+    result = run_playbook(playbook, inventory, cmdline=cmdline, envvars={"ANSIBLE_CACHE_PLUGIN": "memory"})
+    results: dict[str, list] = {host: [] for host in cases}
+    for event in result.events:
+        data = event.get("event_data", {})
+        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("host") in results:
+            results[data["host"]].append(
+                (data["task"], {**data["res"], "failed": event["event"] == "runner_on_failed"})
+            )
+    assert all(results.values()), result.stdout[-3000:]
+    return results
+
+
+def verdict(results: list) -> tuple:
+    for name, result in results:
+        if result["failed"]:
+            return ("refused", result.get("msg", ""))
+        if name == PUBLISH_TASK:
+            return ("accepted", result["ansible_facts"]["gpu_preflight_profile"]["name"])
+    raise AssertionError(f"neither refused nor published: {results}")
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    return run_assess(tmp_path_factory.mktemp("assess"), CASES)
+
+
+@pytest.mark.parametrize("host", sorted(CASES))
+def test_each_situation_gets_its_verdict(judged, host):
+    kind, expected = CASES[host][2]
+    got_kind, got = verdict(judged[host])
+    if kind == "accepted":
+        assert (got_kind, got) == ("accepted", expected), got
+        return
+    assert got_kind == "refused", got
+    assert got.startswith(f"gpu_preflight refused {host} (nothing was changed on it):\n- "), got
+    assert got.count("\n- ") == 1, got  # exactly one finding
+    for fragment in expected:
+        assert fragment in got, got
+
+
+def test_a_soft_finding_turned_off_by_a_string_false_is_warned_about(judged):
+    shown = [json.dumps(r) for name, r in judged["ubuntu1804_not_strict_string"] if name == WARNING_TASK]
+    assert any("WARNING ubuntu1804_not_strict_string: found Ubuntu 18.04.6 LTS" in s for s in shown), shown
+
+
+def test_strict_false_from_the_command_line_turns_soft_findings_into_warnings(tmp_path):
+    cases = {host: CASES[host] for host in ("ubuntu1804", "small_root_defaults", "p40_open_module")}
+    results = run_assess(tmp_path, cases, cmdline=("-e", "gpu_preflight_strict=false"))
+    assert verdict(results["ubuntu1804"]) == ("accepted", "pascal")
+    assert verdict(results["small_root_defaults"]) == ("accepted", "pascal")
+    # A hard finding stays hard whatever strictness says.
+    assert verdict(results["p40_open_module"])[0] == "refused"
+
+
+def test_disk_checks_follow_the_other_roles_defaults():
+    """The fallbacks preflight uses when the inventory sets nothing are the roles' own defaults."""
+    defaults = {}
+    for role in ("cuda_toolkit", "cudnn", "conda_env"):
+        defaults.update(yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text()))
+    checks = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["gpu_preflight_disk_checks"]
+    fallbacks = [re.fullmatch(r"\{\{ (\w+) \| default\('([^']+)'\) \}\}", check["path"]) for check in checks]
+    assert all(fallbacks), [check["path"] for check in checks]
+    for match in fallbacks:
+        assert defaults[match[1]] == match[2], match[0]
+    assert {m[1] for m in fallbacks} >= {
+        "cuda_toolkit_home",
+        "cuda_toolkit_tmpdir",
+        "cuda_toolkit_download_dir",
+        "conda_env_install_prefix",
+        "cudnn_download_dir",
+        "conda_env_download_dir",
+    }
