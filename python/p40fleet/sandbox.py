@@ -232,7 +232,6 @@ def _point_apt_at_the_sandbox_repo(rootfs: Path, public_key: bytes) -> None:
     )
     for path in (rootfs / "etc/apt/sources.list.d").glob("*"):
         path.unlink()
-    # A minimal host starts with no package lists, as a freshly installed one may.
     for path in (rootfs / "var/lib/apt/lists").glob("*"):
         if path.is_file():
             path.unlink()
@@ -395,6 +394,7 @@ class Sandbox:
         podman("network", "create", self.network)
         self._start_mirror(image, artifacts.mirror_dir, apt_repo_dir(os_name))
         mirror = self._address(self.mirror_container)
+        _wait_for_port(mirror, APT_PORT)
         hosts = []
         for index, profile in enumerate(profiles, start=1):
             hosts.append(self._start_host(image, f"node{index}", profile, login, os_name, mirror))
@@ -503,6 +503,10 @@ class Sandbox:
                 f"umask 0227 && cat > /etc/sudoers.d/{LOGIN_USER}",
                 input_bytes=f"{LOGIN_USER} ALL=(ALL:ALL) {rule}\n".encode(),
             )
+        # The image has no package lists; a real host's first boot (cloud-init) fetches them.
+        update = podman("exec", container, "apt-get", "-q", "update", check=False)
+        if update.returncode != 0:
+            raise SandboxError(f"{name}: apt-get update from the sandbox repository failed: {update.stdout.decode()}")
         if login == "sudo-password":
             password = self.become_password_file.read_text().strip()
             podman("exec", "-i", container, "chpasswd", input_bytes=f"{LOGIN_USER}:{password}\n".encode())
