@@ -66,11 +66,11 @@ cgroup_manager = "cgroupfs"
 # share containers or networks, so every name carries a short hash of the checkout's path.
 PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]}"
 
-# How Ansible logs in: as root, or as an ordinary user with sudo (password-less, or asking for a
-# password), as on a real fleet.
+# How Ansible logs in: by default as an ordinary user with password-less sudo, as on a real fleet;
+# or with sudo asking for a password; or as root.
 LOGIN_USER = "ops"
 LOGIN_MODES = ("sudo", "sudo-password", "root")
-DEFAULT_LOGIN = "root"
+DEFAULT_LOGIN = "sudo"
 
 SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
 
