@@ -87,8 +87,11 @@ def run_playbook(
         password_file = Path(become_password_file).resolve()
         if not password_file.is_file() or not os.access(password_file, os.R_OK):
             raise RunError(f"become password file {password_file} is not a readable file")
-        if password_file.stat().st_mode & 0o077:
-            raise RunError(f"become password file {password_file} is readable by others: chmod 600 it")
+        mode = password_file.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise RunError(
+                f"become password file {password_file} is open to other users (mode {mode:04o}): chmod 600 it"
+            )
         cmdline += ["--become-password-file", str(password_file)]
     RUNS_DIR.mkdir(parents=True, exist_ok=True)
     private_data_dir = Path(tempfile.mkdtemp(dir=RUNS_DIR, prefix="run-"))

@@ -161,7 +161,7 @@ def test_a_loose_password_file_is_refused(tmp_path, sudo_fleet):
     loose = tmp_path / "password"
     loose.write_text("secret\n")
     loose.chmod(0o644)
-    with pytest.raises(RunError, match="readable by others"):
+    with pytest.raises(RunError, match=r"open to other users \(mode 0644\)"):
         run_playbook(PROBE, sudo_fleet.inventory_dir, become_password_file=loose)
     with pytest.raises(RunError, match="not a readable file"):
         run_playbook(PROBE, sudo_fleet.inventory_dir, become_password_file=tmp_path / "missing")
