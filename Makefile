@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 PYTHON ?= python3
-SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates
+SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates apt-utils gnupg
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
@@ -16,8 +16,9 @@ help:
 deps: system-deps venv fixtures
 
 # Podman, runc and debootstrap build and run the sandbox hosts; nothing is pulled from a registry.
+# apt-ftparchive (apt-utils) and gpg index and sign the sandbox's own apt repository.
 system-deps:
-	@missing=""; for cmd in podman runc debootstrap ssh git; do \
+	@missing=""; for cmd in podman runc debootstrap ssh git apt-ftparchive gpg; do \
 	  command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing system packages (missing:$$missing)"; \

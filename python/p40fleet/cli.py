@@ -20,7 +20,7 @@ from p40fleet import report as report_mod
 from p40fleet.fixtures import FixtureError, fetch_upstream
 from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import RunError, run_playbook
-from p40fleet.sandbox import LOGIN_MODES, Sandbox, SandboxError, gpu_profiles
+from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, LOGIN_MODES, OS_RELEASES, Sandbox, SandboxError, gpu_profiles
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -55,8 +55,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         else:
             profiles = [DEMO_PROFILES[i % len(DEMO_PROFILES)] for i in range(args.hosts)]
         console.print(f"Starting sandbox [bold]{args.name}[/] with {len(profiles)} host(s): {', '.join(profiles)}")
-        for host in sandbox.up(profiles, login=args.login):
+        for host in sandbox.up(profiles, login=args.login, os_name=args.os):
             console.print(f"  {host.name:8} {host.address:15} {host.profile}")
+        if args.login == "sudo-password":
+            console.print(f"sudo password of ops (for --become-password-file): {sandbox.become_password_file}")
         print(sandbox.inventory_dir)
     elif args.sandbox_command == "down":
         sandbox.down()
@@ -92,6 +94,7 @@ def _run_and_report(args: argparse.Namespace, inventory: Path, label: str, extra
         inventory=inventory,
         cmdline=cmdline,
         progress=report_mod.Progress(console, label),
+        become_password_file=getattr(args, "become_password_file", None),
     )
     return result
 
@@ -112,7 +115,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sandbox = Sandbox(args.name)
     profiles = _profiles(args.profiles) if args.profiles else list(DEMO_PROFILES)
     console.print(f"[bold]p40fleet demo[/]: sandbox {args.name} with {', '.join(profiles)}")
-    sandbox.up(profiles)
+    sandbox.up(profiles, login=args.login, os_name=args.os)
+    if args.login == "sudo-password" and args.become_password_file is None:
+        args.become_password_file = sandbox.become_password_file
     first = _run_and_report(args, sandbox.inventory_dir, "first run")
     second = _run_and_report(args, sandbox.inventory_dir, "second run") if exit_code_for(first) == 0 else None
     runs = [("first run", first)] + ([("second run", second)] if second else [])
@@ -141,6 +146,16 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+LOGIN_HELP = (
+    "how Ansible logs in: sudo (the ordinary user ops, password-less sudo), sudo-password (ops, sudo asks"
+    f" for a password made per sandbox) or root (default {DEFAULT_LOGIN})"
+)
+BECOME_PASSWORD_HELP = (
+    "file holding the sudo password (first line); passed to ansible-playbook as --become-password-file,"
+    " so the password itself reaches no runner artifact or log"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="p40fleet", description=__doc__.split("\n", 1)[0])
     sub = top.add_subparsers(dest="command", required=True)
@@ -152,6 +167,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("-t", "--tags")
     run.add_argument("--check", action="store_true", help="dry run: --check --diff")
     run.add_argument("--report", type=Path, help="write the machine-readable report (JSON) here")
+    run.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="provision a sandbox fleet end to end, twice, and report")
@@ -159,6 +175,13 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--profiles", help=f"comma-separated GPU profiles (default {','.join(DEMO_PROFILES)})")
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
     demo.add_argument("--report", type=Path)
+    demo.add_argument("--login", choices=LOGIN_MODES, default=DEFAULT_LOGIN, help=LOGIN_HELP)
+    demo.add_argument("--os", choices=sorted(OS_RELEASES), default=DEFAULT_OS, help="the sandbox hosts' release")
+    demo.add_argument(
+        "--become-password-file",
+        type=Path,
+        help=BECOME_PASSWORD_HELP + " (default with --login sudo-password: the sandbox's own)",
+    )
     demo.set_defaults(func=cmd_demo)
 
     sandbox = sub.add_parser("sandbox", help="simulated GPU hosts in containers, over real SSH")
@@ -168,12 +191,8 @@ def parser() -> argparse.ArgumentParser:
     up = ssub.add_parser("up", parents=[named])
     up.add_argument("--hosts", type=int, default=3)
     up.add_argument("--profiles", help="comma-separated GPU profiles, one host each (see `profiles`)")
-    up.add_argument(
-        "--login",
-        choices=LOGIN_MODES,
-        default="root",
-        help="how Ansible logs in: root, or sudo (the ordinary user ops with password-less sudo)",
-    )
+    up.add_argument("--login", choices=LOGIN_MODES, default=DEFAULT_LOGIN, help=LOGIN_HELP)
+    up.add_argument("--os", choices=sorted(OS_RELEASES), default=DEFAULT_OS, help="the hosts' release")
     ssub.add_parser("down", parents=[named])
     ssub.add_parser("status", parents=[named])
     ssub.add_parser("profiles", parents=[named])

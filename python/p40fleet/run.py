@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -71,11 +72,27 @@ def run_playbook(
     envvars: dict | None = None,
     progress: Callable[[dict], None] | None = None,
     keep_artifacts: int = 5,
+    become_password_file: Path | str | None = None,
 ) -> RunResult:
-    """Run one playbook; never raises for host failures, only when ansible could not run at all."""
+    """Run one playbook; never raises for host failures, only when ansible could not run at all.
+
+    A sudo password is given as a file that ansible-playbook reads itself (--become-password-file):
+    only its path reaches ansible-runner, so the password is in no artifact (command, env, job
+    events, stdout)."""
     bin_dir = str(Path(sys.executable).parent)
     if shutil.which("ansible-playbook", path=bin_dir + os.pathsep + os.environ.get("PATH", "")) is None:
         raise RunError("ansible-playbook not found: run `make deps`")
+    cmdline = list(cmdline)
+    if become_password_file is not None:
+        password_file = Path(become_password_file).resolve()
+        if not password_file.is_file() or not os.access(password_file, os.R_OK):
+            raise RunError(f"become password file {password_file} is not a readable file")
+        mode = password_file.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise RunError(
+                f"become password file {password_file} is open to other users (mode {mode:04o}): chmod 600 it"
+            )
+        cmdline += ["--become-password-file", str(password_file)]
     RUNS_DIR.mkdir(parents=True, exist_ok=True)
     private_data_dir = Path(tempfile.mkdtemp(dir=RUNS_DIR, prefix="run-"))
     events: list[dict] = []
@@ -115,7 +132,7 @@ def run_playbook(
         private_data_dir=str(private_data_dir),
         playbook=str(Path(playbook).resolve()),
         inventory=str(inventory),
-        cmdline=" ".join(cmdline) if cmdline else None,
+        cmdline=shlex.join(cmdline) if cmdline else None,
         extravars=extravars or {},
         envvars=env,
         event_handler=on_event,

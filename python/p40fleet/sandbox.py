@@ -1,18 +1,23 @@
-"""A sandbox fleet: Debian 12 containers that play GPU hosts, reached over real SSH.
+"""A sandbox fleet: Debian 12 (or 11) containers that play GPU hosts, reached over real SSH.
 
-Nothing here is pulled from a registry: the host image is built with debootstrap and cached by a hash
-of its recipe. Each sandbox gets its own podman network, an SSH key pair made for it, a mirror
-container that serves the stand-in artifacts over HTTP, and an inventory that puts its hosts into
-the group the playbooks target (p40-hosts) through a child group, p40_sandbox, whose variables point
-the roles at the stand-ins.
+Nothing here is pulled from a registry: the host image is built with debootstrap (minbase plus only
+what SSH, Python and sudo need) and cached by a hash of its recipe. The packages the roles install
+(host_prereqs' list for that release) are fetched once from Debian's archive at image build time into
+a local apt repository, signed with a key made for the cache; the hosts trust only that key and know
+only that repository, so runs stay offline. Each sandbox gets its own podman network, an SSH key pair
+made for it, a mirror container that serves the stand-in artifacts and the apt repository over HTTP,
+and an inventory that puts its hosts into the group the playbooks target (p40-hosts) through a child
+group, p40_sandbox, whose variables point the roles at the stand-ins.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -29,21 +34,21 @@ from p40fleet import fixtures
 from p40fleet.paths import CACHE_DIR, REPO_ROOT, SANDBOX_DIR, STANDINS_DIR
 
 IMAGE_NAME = "localhost/p40fleet-sandbox"
-IMAGE_SUITE = "bookworm"
-IMAGE_PACKAGES = (
-    "python3",
-    "python3-venv",
-    "python3-dev",
-    "openssh-server",
-    "sudo",
-    "git",
-    "xz-utils",
-    "gcc",
-    "libc6-dev",
-    "ca-certificates",
-    "procps",
-)
+# Release name -> (Debian suite, host_prereqs vars file for it).
+OS_RELEASES = {"debian12": ("bookworm", "Debian-12"), "debian11": ("bullseye", "Debian-11")}
+DEFAULT_OS = "debian12"
+DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
+# Minbase plus what an SSH login, Ansible's modules (python3, python3-apt for the apt module) and sudo
+# need; everything else a role runs must come from the host_prereqs stage.
+IMAGE_PACKAGES = ("python3", "python3-apt", "openssh-server", "sudo")
+# The stand-in conda makes its envs as venvs of the host's python3 (the real Miniconda needs nothing).
+STANDIN_PACKAGES = ("python3-venv",)
+HOST_PREREQS_VARS = REPO_ROOT / "roles" / "host_prereqs" / "vars"
 MIRROR_PORT = 8080
+APT_PORT = 8081
+APT_HOSTNAME = "p40fleet-apt"
+APT_KEYRING = "/etc/apt/keyrings/p40fleet-sandbox.gpg"
+APT_DIR = CACHE_DIR / "apt"
 HOST_STANDINS = STANDINS_DIR / "host"
 GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
 NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
@@ -61,9 +66,11 @@ cgroup_manager = "cgroupfs"
 # share containers or networks, so every name carries a short hash of the checkout's path.
 PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]}"
 
-# How Ansible logs in: as root, or as an ordinary user with sudo, as on a real fleet.
+# How Ansible logs in: by default as an ordinary user with password-less sudo, as on a real fleet;
+# or with sudo asking for a password; or as root.
 LOGIN_USER = "ops"
-LOGIN_MODES = ("root", "sudo")
+LOGIN_MODES = ("sudo", "sudo-password", "root")
+DEFAULT_LOGIN = "sudo"
 
 SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
 
@@ -103,33 +110,166 @@ def _locked(name: str) -> Iterator[None]:
         yield
 
 
-def image_recipe_hash() -> str:
+def repo_packages(os_name: str) -> list[str]:
+    """What the local apt repository offers: host_prereqs' list for the release, plus the stand-ins' needs."""
+    data = yaml.safe_load((HOST_PREREQS_VARS / f"{OS_RELEASES[os_name][1]}.yml").read_text())
+    return [*data["host_prereqs_os_packages"], *data["host_prereqs_os_compiler_packages"], *STANDIN_PACKAGES]
+
+
+def _gpg(*args: str, input_bytes: bytes | None = None) -> bytes:
+    home = APT_DIR / "gnupg"
+    argv = ["gpg", "--homedir", str(home), "--batch", "--quiet", *args]
+    result = subprocess.run(argv, input=input_bytes, capture_output=True, check=False)
+    if result.returncode != 0:
+        raise SandboxError(f"gpg {' '.join(args[:2])} failed: {result.stderr.decode(errors='replace').strip()}")
+    return result.stdout
+
+
+def _stop_gpg_agent() -> None:
+    subprocess.run(["gpgconf", "--homedir", str(APT_DIR / "gnupg"), "--kill", "gpg-agent"], check=False)
+
+
+@functools.cache
+def signing_key() -> tuple[str, bytes]:
+    """The key that signs the sandbox apt repositories, made once per cache: (fingerprint, public key)."""
+    if shutil.which("gpg") is None:
+        raise SandboxError("gpg is not installed: run `make deps`")
+    home = APT_DIR / "gnupg"
+    with _locked("apt-signing-key"):
+        if not (home / "done").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir(parents=True, mode=0o700)
+            try:
+                _gpg(
+                    "--pinentry-mode",
+                    "loopback",
+                    "--passphrase",
+                    "",
+                    "--quick-gen-key",
+                    "p40fleet sandbox apt repository (test key, made for this cache)",
+                    "rsa3072",
+                    "sign",
+                    "never",
+                )
+            finally:
+                _stop_gpg_agent()
+            (home / "done").touch()
+        # The public listing: the secret one would start a gpg-agent.
+        listing = _gpg("--with-colons", "--list-keys").decode()
+    fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    return fingerprint, _gpg("--export", fingerprint)
+
+
+def image_recipe_hash(os_name: str = DEFAULT_OS) -> str:
+    fingerprint, _ = signing_key()
     digest = hashlib.sha256()
-    digest.update(f"{IMAGE_SUITE}\n{' '.join(IMAGE_PACKAGES)}\n{SSHD_COMMAND}\nown-host-keys\n".encode())
+    digest.update(f"{OS_RELEASES[os_name][0]}\n{' '.join(IMAGE_PACKAGES)}\n{SSHD_COMMAND}\nown-host-keys\n".encode())
     digest.update(f"login-user {LOGIN_USER}\n".encode())
+    digest.update(f"apt {' '.join(repo_packages(os_name))} {fingerprint} {APT_HOSTNAME}:{APT_PORT}\n".encode())
     digest.update((HOST_STANDINS / "nvidia-smi").read_bytes())
     return digest.hexdigest()[:16]
 
 
-def ensure_image() -> str:
-    """Build the host image once per recipe; later calls reuse it."""
-    tag = f"{IMAGE_NAME}:{image_recipe_hash()}"
+def _chroot(rootfs: Path, *argv: str, log: Path) -> None:
+    with log.open("ab") as out:
+        result = subprocess.run(["chroot", str(rootfs), *argv], stdout=out, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        raise SandboxError(f"{' '.join(argv[:3])} in the image failed (rc {result.returncode}); see {log}")
+
+
+def _build_apt_repo(rootfs: Path, packages: list[str], repo: Path, fingerprint: str, log: Path) -> None:
+    """Fetch the packages (and what they need beyond the image) from Debian's archive, once, into a
+    signed flat repository."""
+    shutil.copy("/etc/resolv.conf", rootfs / "etc/resolv.conf")
+    archives = rootfs / "var/cache/apt/archives"
+    for deb in archives.glob("*.deb"):
+        deb.unlink()
+    _chroot(rootfs, "apt-get", "-q", "update", log=log)
+    _chroot(
+        rootfs,
+        "apt-get",
+        "-q",
+        "-y",
+        "--download-only",
+        "--no-install-recommends",
+        "install",
+        *packages,
+        log=log,
+    )
+    staging = repo.with_name(repo.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for deb in archives.glob("*.deb"):
+        shutil.move(deb, staging / deb.name)
+    if shutil.which("apt-ftparchive") is None:
+        raise SandboxError("apt-ftparchive is not installed: run `make deps` (package apt-utils)")
+    packages_index = subprocess.run(
+        ["apt-ftparchive", "packages", "."], cwd=staging, capture_output=True, check=True
+    ).stdout
+    (staging / "Packages").write_bytes(packages_index)
+    release = subprocess.run(
+        ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=p40fleet-sandbox", "release", "."],
+        cwd=staging,
+        capture_output=True,
+        check=True,
+    ).stdout
+    (staging / "Release").write_bytes(release)
+    try:
+        (staging / "InRelease").write_bytes(_gpg("--local-user", fingerprint, "--clearsign", input_bytes=release))
+    finally:
+        _stop_gpg_agent()
+    staging.rename(repo)
+
+
+def _point_apt_at_the_sandbox_repo(rootfs: Path, public_key: bytes) -> None:
+    keyring = rootfs / APT_KEYRING.lstrip("/")
+    keyring.parent.mkdir(parents=True, exist_ok=True)
+    keyring.write_bytes(public_key)
+    keyring.chmod(0o644)
+    (rootfs / "etc/apt/sources.list").write_text(
+        f"# The sandbox's own apt repository (p40fleet): the only source, so runs stay offline.\n"
+        f"deb [signed-by={APT_KEYRING}] http://{APT_HOSTNAME}:{APT_PORT}/ ./\n"
+    )
+    for path in (rootfs / "etc/apt/sources.list.d").glob("*"):
+        path.unlink()
+    for path in (rootfs / "var/lib/apt/lists").glob("*"):
+        if path.is_file():
+            path.unlink()
+    for path in (rootfs / "var/cache/apt").glob("*.bin"):
+        path.unlink()
+    (rootfs / "etc/resolv.conf").unlink(missing_ok=True)
+
+
+def apt_repo_dir(os_name: str = DEFAULT_OS) -> Path:
+    return APT_DIR / f"{os_name}-{image_recipe_hash(os_name)}"
+
+
+def ensure_image(os_name: str = DEFAULT_OS) -> str:
+    """Build the host image and its apt repository once per recipe; later calls reuse them."""
+    if os_name not in OS_RELEASES:
+        raise SandboxError(f"unknown sandbox OS {os_name!r}; known: {', '.join(OS_RELEASES)}")
+    suite = OS_RELEASES[os_name][0]
+    tag = f"{IMAGE_NAME}:{os_name}-{image_recipe_hash(os_name)}"
+    repo = apt_repo_dir(os_name)
     with _locked("sandbox-image"):
-        if podman("image", "exists", tag, check=False).returncode == 0:
+        image_exists = podman("image", "exists", tag, check=False).returncode == 0
+        if image_exists and (repo / "InRelease").exists():
             return tag
         if shutil.which("debootstrap") is None:
             raise SandboxError("debootstrap is not installed: run `make deps`")
+        fingerprint, public_key = signing_key()
         with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix="rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
-            log = CACHE_DIR / "debootstrap.log"
+            log = CACHE_DIR / f"debootstrap-{os_name}.log"
             with log.open("wb") as out:
                 result = subprocess.run(
                     [
                         "debootstrap",
                         "--variant=minbase",
                         f"--include={','.join(IMAGE_PACKAGES)}",
-                        IMAGE_SUITE,
+                        suite,
                         str(rootfs),
+                        DEBIAN_ARCHIVE,
                     ],
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -137,6 +277,9 @@ def ensure_image() -> str:
                 )
             if result.returncode != 0:
                 raise SandboxError(f"debootstrap failed (rc {result.returncode}); see {log}")
+            if not (repo / "InRelease").exists():
+                _build_apt_repo(rootfs, repo_packages(os_name), repo, fingerprint, log)
+            _point_apt_at_the_sandbox_repo(rootfs, public_key)
             standin = rootfs / NVIDIA_SMI_STANDIN.lstrip("/")
             standin.parent.mkdir(parents=True)
             shutil.copy2(HOST_STANDINS / "nvidia-smi", standin)
@@ -166,10 +309,11 @@ def ensure_image() -> str:
                 ],
                 check=True,
             )
-            tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-            podman("import", "--change", "CMD=/bin/sh", "-", tag, input_bytes=tar.stdout.read())
-            if tar.wait() != 0:
-                raise SandboxError("tar of the sandbox root filesystem failed")
+            if not image_exists:
+                tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+                podman("import", "--change", "CMD=/bin/sh", "-", tag, input_bytes=tar.stdout.read())
+                if tar.wait() != 0:
+                    raise SandboxError("tar of the sandbox root filesystem failed")
     return tag
 
 
@@ -179,7 +323,8 @@ class Host:
     container: str
     address: str
     profile: str
-    login: str = "root"
+    login: str = DEFAULT_LOGIN
+    os: str = DEFAULT_OS
 
 
 class Sandbox:
@@ -214,13 +359,21 @@ class Sandbox:
     def key_file(self) -> Path:
         return self.dir / "id_ed25519"
 
+    @property
+    def become_password_file(self) -> Path:
+        """The sudo password of `ops` in sudo-password mode (0600, never written to the inventory)."""
+        return self.dir / "become_password"
+
     # -- lifecycle ---------------------------------------------------------------------------
-    def up(self, profiles: Sequence[str], login: str = "root") -> list[Host]:
+    def up(self, profiles: Sequence[str], login: str = DEFAULT_LOGIN, os_name: str = DEFAULT_OS) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
-        profiles and login is kept as it is, any other is replaced. `login` is how Ansible logs in:
-        `root`, or `sudo` (the ordinary user `ops`, password-less sudo)."""
+        profiles, login and OS is kept as it is, any other is replaced. `login` is how Ansible logs
+        in: `sudo` (the ordinary user `ops`, password-less sudo), `sudo-password` (ops, sudo asks for
+        the password in become_password_file) or `root`. `os_name` is a key of OS_RELEASES."""
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
+        if os_name not in OS_RELEASES:
+            raise SandboxError(f"unknown sandbox OS {os_name!r}; known: {', '.join(OS_RELEASES)}")
         known = gpu_profiles()
         unknown = [p for p in profiles if p not in known]
         if unknown:
@@ -228,18 +381,23 @@ class Sandbox:
         if not profiles:
             raise SandboxError("a sandbox needs at least one host")
         current = self.hosts()
-        if [(h.profile, h.login) for h in current] == [(p, login) for p in profiles] and self._running(current):
+        wanted = [(p, login, os_name) for p in profiles]
+        if [(h.profile, h.login, h.os) for h in current] == wanted and self._running(current):
             return current
         self.down()
-        image = ensure_image()
+        image = ensure_image(os_name)
         artifacts = fixtures.build_standins()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._make_key()
+        if login == "sudo-password":
+            self._make_become_password()
         podman("network", "create", self.network)
-        self._start_mirror(image, artifacts.mirror_dir)
+        self._start_mirror(image, artifacts.mirror_dir, apt_repo_dir(os_name))
+        mirror = self._address(self.mirror_container)
+        _wait_for_port(mirror, APT_PORT)
         hosts = []
         for index, profile in enumerate(profiles, start=1):
-            hosts.append(self._start_host(image, f"node{index}", profile, login))
+            hosts.append(self._start_host(image, f"node{index}", profile, login, os_name, mirror))
         self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
         for host in hosts:
             self.set_profile(host.name, host.profile)
@@ -283,7 +441,17 @@ class Sandbox:
         shutil.copy(self.key_file.with_suffix(".pub"), authorized)
         authorized.chmod(0o644)
 
-    def _start_mirror(self, image: str, mirror_dir: Path) -> None:
+    def _make_become_password(self) -> None:
+        fd = os.open(self.become_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(24) + "\n")
+
+    def _start_mirror(self, image: str, mirror_dir: Path, apt_repo: Path) -> None:
+        # Two servers in one container: the stand-in artifacts, and the apt repository the hosts use.
+        serve = (
+            f"python3 -m http.server {APT_PORT} --directory /srv/apt >/dev/null 2>&1 & "
+            f"exec python3 -m http.server {MIRROR_PORT} --directory /srv/mirror"
+        )
         podman(
             "run",
             "-d",
@@ -294,16 +462,15 @@ class Sandbox:
             self.network,
             "-v",
             f"{mirror_dir}:/srv/mirror:ro",
+            "-v",
+            f"{apt_repo}:/srv/apt:ro",
             image,
-            "python3",
-            "-m",
-            "http.server",
-            str(MIRROR_PORT),
-            "--directory",
-            "/srv/mirror",
+            "sh",
+            "-c",
+            serve,
         )
 
-    def _start_host(self, image: str, name: str, profile: str, login: str) -> Host:
+    def _start_host(self, image: str, name: str, profile: str, login: str, os_name: str, mirror: str) -> Host:
         container = f"{PODMAN_PREFIX}-{self.name}-{name}"
         home = "/root" if login == "root" else f"/home/{LOGIN_USER}"
         podman(
@@ -316,6 +483,8 @@ class Sandbox:
             name,
             "--network",
             self.network,
+            "--add-host",
+            f"{APT_HOSTNAME}:{mirror}",
             "-v",
             f"{self.dir / 'authorized_keys'}:{home}/.ssh/authorized_keys:ro",
             image,
@@ -323,8 +492,8 @@ class Sandbox:
             "-c",
             SSHD_COMMAND,
         )
-        if login == "sudo":
-            sudoers = f"{LOGIN_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
+        if login != "root":
+            rule = "ALL" if login == "sudo-password" else "NOPASSWD: ALL"
             podman(
                 "exec",
                 "-i",
@@ -332,9 +501,23 @@ class Sandbox:
                 "sh",
                 "-c",
                 f"umask 0227 && cat > /etc/sudoers.d/{LOGIN_USER}",
-                input_bytes=sudoers.encode(),
+                input_bytes=f"{LOGIN_USER} ALL=(ALL:ALL) {rule}\n".encode(),
             )
-        return Host(name=name, container=container, address=self._address(container), profile=profile, login=login)
+        # The image has no package lists; a real host's first boot (cloud-init) fetches them.
+        update = podman("exec", container, "apt-get", "-q", "update", check=False)
+        if update.returncode != 0:
+            raise SandboxError(f"{name}: apt-get update from the sandbox repository failed: {update.stdout.decode()}")
+        if login == "sudo-password":
+            password = self.become_password_file.read_text().strip()
+            podman("exec", "-i", container, "chpasswd", input_bytes=f"{LOGIN_USER}:{password}\n".encode())
+        return Host(
+            name=name,
+            container=container,
+            address=self._address(container),
+            profile=profile,
+            login=login,
+            os=os_name,
+        )
 
     def _address(self, container: str) -> str:
         template = f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}'
@@ -394,6 +577,7 @@ class Sandbox:
             # Stand-ins carry the real file names: keep them out of the controller's real caches.
             "artifact_fetch_controller_cache_dir": str(self.dir / "artifact-cache"),
             "apex_controller_cache_dir": str(self.dir / "apex-wheels"),
+            "host_prereqs_extra_packages": list(STANDIN_PACKAGES),
             **standin_vars,
         }
         (group_vars / "p40_sandbox.yml").write_text(

@@ -11,7 +11,7 @@ import pytest
 from p40fleet.paths import REPO_ROOT
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
-from p40fleet.sandbox import Sandbox
+from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
 
 PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") is None
 
@@ -35,11 +35,12 @@ _sandboxes: dict[str, Sandbox] = {}
 
 @pytest.fixture(scope="session")
 def make_sandbox():
-    """make_sandbox(name, profiles, login="root") -> a running Sandbox; removed at the end of the session."""
+    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS) -> a running Sandbox;
+    removed at the end of the session."""
 
-    def make(name: str, profiles: Sequence[str], login: str = "root") -> Sandbox:
+    def make(name: str, profiles: Sequence[str], login: str = DEFAULT_LOGIN, os_name: str = DEFAULT_OS) -> Sandbox:
         sandbox = Sandbox(f"pytest-{name}")
-        sandbox.up(list(profiles), login=login)
+        sandbox.up(list(profiles), login=login, os_name=os_name)
         _sandboxes[sandbox.name] = sandbox
         return sandbox
 
