@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates ap
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo bench clean
+.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo bench clean lock
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -62,3 +62,26 @@ clean:
 # Figures for the speed goal: a converged site.yml run next to a facts+ping play (prints, never fails on time).
 bench: deps
 	$(BIN)/python python/tests/benchmarks/converged_run.py
+
+# verl's dependency locks, one per Python (the sandbox's env is Python 3.11). Needs PyPI: never run by tests.
+VERL_LOCK_VERSION := 0.4.1
+VERL_LOCK_PYTHONS := 3.10 3.11
+VERL_LOCK_EXCLUDE_NEWER := 2025-06-27T12:00:00Z
+VERL_LOCK_FILES := roles/verl/files
+# Installed by the pytorch role (cu118 builds and what only they ask for) or editable by the verl role: kept out.
+VERL_LOCK_NO_EMIT := verl torch torchvision torchaudio triton sympy mpmath networkx jinja2 markupsafe \
+  nvidia-cublas-cu12 nvidia-cuda-cupti-cu12 \
+  nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cudnn-cu12 nvidia-cufft-cu12 nvidia-curand-cu12 \
+  nvidia-cusolver-cu12 nvidia-cusparse-cu12 nvidia-cusparselt-cu12 nvidia-nccl-cu12 nvidia-nvjitlink-cu12 \
+  nvidia-nvtx-cu12
+lock: venv
+	@set -euo pipefail; cd $(VERL_LOCK_FILES); \
+	for python in $(VERL_LOCK_PYTHONS); do \
+	  lock=verl-$(VERL_LOCK_VERSION)-py$${python/./}.lock.txt; \
+	  sed -e "s/@VERL@/$(VERL_LOCK_VERSION)/g" -e "s/@PYTHON@/$$python/g" verl-lock-header.txt > $$lock.new; \
+	  $(BIN)/uv pip compile --quiet --generate-hashes --python-version $$python \
+	    --python-platform x86_64-manylinux_2_28 --exclude-newer $(VERL_LOCK_EXCLUDE_NEWER) \
+	    $(addprefix --no-emit-package ,$(VERL_LOCK_NO_EMIT)) \
+	    -c verl-$(VERL_LOCK_VERSION)-constraints.in verl-$(VERL_LOCK_VERSION)-requirements.in >> $$lock.new; \
+	  mv $$lock.new $$lock; echo "wrote $(VERL_LOCK_FILES)/$$lock"; \
+	done

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,9 +21,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from p40fleet.paths import CACHE_DIR, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
+from p40fleet.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
 
 BUILDERS_DIR = STANDINS_DIR / "artifacts"
+VERL_LOCKS_DIR = REPO_ROOT / "roles" / "verl" / "files"
+# The sandbox env's Python is the hosts' python3 (Debian 12), which the Miniconda stand-in can only give, and
+# the verl release the sandbox installs: together they pick the lock whose real wheels the mirror serves.
+SANDBOX_PYTHON = "3.11"
+SANDBOX_VERL = "0.4.1"
 
 
 class FixtureError(RuntimeError):
@@ -51,11 +58,17 @@ def upstream_requirements() -> list[tuple[str, str]]:
 
 
 def fetch_upstream() -> Path:
-    """Download every listed file once; what is already there is kept."""
+    """Download every listed file once, and the files of the sandbox's verl lock; what is there is kept."""
+    _fetch_listed()
+    fetch_locked_wheels(sandbox_verl_lock())
+    return UPSTREAM_DIR
+
+
+def _fetch_listed() -> None:
     stamp = UPSTREAM_DIR / ".fetched"
     wanted = "\n".join(f"{k} {r}" for k, r in upstream_requirements())
     if stamp.exists() and stamp.read_text() == wanted:
-        return UPSTREAM_DIR
+        return
     pip = [sys.executable, "-m", "pip"]
     for kind, requirement in upstream_requirements():
         target = UPSTREAM_DIR / kind
@@ -69,7 +82,57 @@ def fetch_upstream() -> Path:
         if result.returncode != 0:
             raise FixtureError(f"fetching {requirement} ({kind}) failed:\n{result.stdout}\n{result.stderr}")
     stamp.write_text(wanted)
-    return UPSTREAM_DIR
+
+
+def sandbox_verl_lock() -> Path:
+    """The verl lock the sandbox env installs: resolved for the sandbox hosts' Python (see SANDBOX_PYTHON)."""
+    return VERL_LOCKS_DIR / f"verl-{SANDBOX_VERL}-py{SANDBOX_PYTHON.replace('.', '')}.lock.txt"
+
+
+def locked_files_dir(lock: Path) -> Path:
+    """Where fetch_locked_wheels keeps the files of one lock (keyed by the lock's own name)."""
+    return UPSTREAM_DIR / "locked" / lock.name.removesuffix(".txt")
+
+
+def fetch_locked_wheels(lock: Path) -> Path:
+    """Download exactly the files a hash-pinned lock names, once, for the sandbox hosts' Python and platform.
+
+    A wheel wherever PyPI has one for CPython SANDBOX_PYTHON on manylinux x86_64; the sdist where PyPI has
+    nothing else (pip on a real host would then build it too). Every file is checked against the lock's sha256.
+    """
+    dest = locked_files_dir(lock)
+    stamp = dest / ".fetched"
+    wanted = hashlib.sha256(lock.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix="fetching-"))
+    # The sandbox hosts are Debian 12 (glibc 2.36); the lock was resolved for manylinux_2_28 and older.
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    abi = "cp" + SANDBOX_PYTHON.replace(".", "")
+    command = [sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps", "--prefer-binary"]
+    command += ["--python-version", SANDBOX_PYTHON, "--implementation", "cp", "--abi", abi, "--abi", "abi3"]
+    command += ["--abi", "none", *[f"--platform={p}" for p in platforms], "-d", str(staging), "-r", str(lock)]
+    try:
+        # pip keeps a file already in the target dir when its hash is one the lock allows: only changes download.
+        for previous in dest.glob("*") if dest.exists() else []:
+            if not previous.name.startswith("."):
+                os.link(previous, staging / previous.name)
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise FixtureError(f"fetching the files of {lock.name} failed:\n{result.stdout[-4000:]}\n{result.stderr}")
+        allowed = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock.read_text()))
+        for leftover in staging.iterdir():
+            if hashlib.sha256(leftover.read_bytes()).hexdigest() not in allowed:
+                leftover.unlink()  # a file of an earlier lock
+        if dest.exists():
+            shutil.rmtree(dest)
+        (staging / ".fetched").write_text(wanted)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
 
 
 def _builders() -> list[Path]:
@@ -83,6 +146,7 @@ def standins_hash() -> str:
         digest.update(path.read_bytes())
     for kind, requirement in upstream_requirements():
         digest.update(f"{kind} {requirement}\n".encode())
+    digest.update(sandbox_verl_lock().read_bytes())
     return digest.hexdigest()[:16]
 
 
