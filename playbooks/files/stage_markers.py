@@ -1,22 +1,25 @@
-"""Print each p40fleet stage's real markers on this host as JSON (read-only; run by playbooks/verify.yml)."""
+"""Print each p40fleet stage's real markers on this host as JSON (read-only; run by playbooks/verify.yml).
+
+One argument, a JSON object of where the stages put their markers (from the roles' variables):
+  {"preflight_state_file", "cuda_home", "cuda_link", "cudnn_prefix", "patches_record"}
+It only reads files and runs the root-owned toolkit's nvcc; nothing the env owner can write is executed.
+"""
 
 import json
+import os
 import pathlib
 import re
 import subprocess
 import sys
 
-ENV_PYTHON = sys.argv[1]
-CUDNN_HEADER = pathlib.Path("/usr/local/cudnn-8.9.7-cuda11/include/cudnn_version.h")
-# verl is located, not imported: its import needs the GPU-only stack, which sandbox hosts lack.
-STACK_PROBE = (
-    "import importlib.util, os, torch, apex; "
-    "print(torch.__version__, torch.version.cuda, os.path.dirname(importlib.util.find_spec('verl').origin))"
-)
+WHERE = json.loads(sys.argv[1])
 
 
 def run(*argv):
-    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return ""
 
 
 def read_json(path):
@@ -25,24 +28,26 @@ def read_json(path):
 
 
 def cudnn_version():
-    if not CUDNN_HEADER.exists():
+    header = pathlib.Path(WHERE["cudnn_prefix"], "include", "cudnn_version.h")
+    if not header.exists():
         return None
-    header = CUDNN_HEADER.read_text()
-    parts = [re.search(rf"#define CUDNN_{key} (\d+)", header) for key in ("MAJOR", "MINOR", "PATCHLEVEL")]
+    text = header.read_text()
+    parts = [re.search(rf"#define CUDNN_{key} (\d+)", text) for key in ("MAJOR", "MINOR", "PATCHLEVEL")]
     return ".".join(part[1] for part in parts if part)
 
 
-nvcc = re.search(r"release (\S+),", run("/usr/local/cuda-11.8/bin/nvcc", "--version"))
-cuda_link = pathlib.Path("/usr/local/cuda")
+nvcc = re.search(r"release (\S+),", run(os.path.join(WHERE["cuda_home"], "bin", "nvcc"), "--version"))
+cuda_link = pathlib.Path(WHERE["cuda_link"])
 print(
     json.dumps(
         {
-            "preflight": read_json("/etc/ansible/facts.d/p40fleet_preflight.fact"),
+            "preflight": read_json(WHERE["preflight_state_file"]),
             "nvcc": nvcc[1] if nvcc else None,
-            "cuda_link": str(cuda_link.resolve()) if cuda_link.is_symlink() else None,
+            # The default link is the host's own: whatever it points at, it must not dangle.
+            "cuda_link": os.readlink(cuda_link) if cuda_link.is_symlink() else None,
+            "cuda_link_resolves": cuda_link.exists(),
             "cudnn": cudnn_version(),
-            "stack": run(ENV_PYTHON, "-c", STACK_PROBE).split(),
-            "patches": read_json("/var/lib/p40fleet/verl_patches/applied.json"),
+            "patches": read_json(WHERE["patches_record"]),
         }
     )
 )

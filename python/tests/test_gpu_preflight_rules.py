@@ -401,3 +401,250 @@ def test_disk_checks_follow_the_other_roles_defaults():
         "cudnn_download_dir",
         "conda_env_download_dir",
     }
+
+
+# --- The rules themselves, called directly (filter_plugins/gpu_preflight.py) ----------------------
+
+
+def load_filter():
+    path = ROLE / "filter_plugins" / "gpu_preflight.py"
+    spec = importlib.util.spec_from_file_location("gpu_preflight_filter", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.gpu_preflight_assess
+
+
+ASSESS = load_filter()
+ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+FALLBACK = re.compile(r"\{\{ (\w+) \| default\('([^']+)'\) \}\}")
+
+
+def as_bool(value) -> bool:
+    """Ansible's | bool for the values -e and YAML give."""
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "on", "1", "y", "t")
+
+
+def settings(host: str, host_vars: dict) -> dict:
+    """The settings assess.yml passes to the filter: role defaults, host_vars on top, paths rendered."""
+    values = {**ROLE_DEFAULTS, **ROLE_VARS, **host_vars}
+
+    def render(path: str) -> str:
+        match = FALLBACK.fullmatch(path)
+        return host_vars.get(match[1], match[2]) if match else path
+
+    return {
+        "host": host,
+        "strict": as_bool(values["gpu_preflight_strict"]),
+        "gpu_select": values["gpu_preflight_gpu_select"],
+        "no_gpu_compute_cap": values["gpu_preflight_no_gpu_compute_cap"],
+        "compute_cap_by_name": values["gpu_preflight_compute_cap_by_name"],
+        "profiles": values["gpu_preflight_profiles"],
+        "launch_tiers": values["gpu_preflight_launch_tiers"],
+        "driver_min_version": values["gpu_preflight_driver_min_version"],
+        "driver_min_reason": values["gpu_preflight_driver_min_reason"],
+        "open_module_min_compute_cap": values["gpu_preflight_open_module_min_compute_cap"],
+        "supported_os": values["gpu_preflight_supported_os"],
+        "min_cpus": values["gpu_preflight_min_cpus"],
+        "min_ram_gib": values["gpu_preflight_min_ram_gib"],
+        "disk_checks": [{**c, "path": render(c["path"])} for c in values["gpu_preflight_disk_checks"]],
+        "state_file": values["gpu_preflight_state_file"],
+    }
+
+
+def direct_verdict(host: str, found: dict, host_vars: dict) -> tuple:
+    result = ASSESS(found, settings(host, host_vars))
+    if result["errors"]:
+        return (
+            "refused",
+            "gpu_preflight refused " + host + " (nothing was changed on it):\n- " + "\n- ".join(result["errors"]),
+        )
+    return ("accepted", result["facts"]["gpu_preflight_profile"]["name"])
+
+
+def sandbox_report(profile_name: str) -> dict:
+    """What the probe reads on a sandbox host of this GPU profile (the nvidia-smi stand-in's answers)."""
+    profiles = yaml.safe_load((REPO_ROOT / "python/tests/fixtures/standins/host/gpu_profiles.yml").read_text())
+    spec = profiles[profile_name]
+    found = report(gpus=[dict(g) for g in spec["gpus"]], driver=spec["driver_version"] or "")
+    smi = found["nvidia_smi"]
+    for gpu in smi["gpus"]:
+        if "compute_cap" in spec.get("missing_fields", []):
+            gpu["compute_cap"] = ""
+    if spec["driver_version"] is None:
+        found.update(nvidia_pci_devices=0, kernel_module_version="", kernel_module={"version": "", "flavor": ""})
+        smi.update(path="", rc=None, output="", gpus=[])
+    elif spec.get("nvml_mismatch"):
+        branch = spec["driver_version"].rsplit(".", 1)[0]
+        output = f"Failed to initialize NVML: Driver/library version mismatch\nNVML library version: {branch}"
+        smi.update(rc=18, output=output, gpus=[])
+    return found
+
+
+# Every sandbox GPU profile, as the fixtures describe it, with its verdict.
+SANDBOX_PROFILES = {
+    "p40": ("accepted", "pascal"),
+    "p40-old-smi": ("accepted", "pascal"),
+    "p40-upgraded-unloaded": (
+        "refused",
+        [
+            'nvidia-smi answers "Failed to initialize NVML: Driver/library version '
+            'mismatch / NVML library version: 550.127" (loaded kernel module 535.183.01): the NVIDIA driver '
+            "package was upgraded but the old kernel module is still loaded;"
+        ],
+    ),
+    "p40-driver-too-old": (
+        "refused",
+        [
+            "found NVIDIA driver 470.256.02; required: >= 520.61.05 for CUDA 11.8 and "
+            "<= R580 for Tesla P40; do: upgrade the driver to a release of branch 520 to "
+            "580 (e.g. 535 or 550), reboot, re-run"
+        ],
+    ),
+    "p40-driver-r590": (
+        "refused",
+        [
+            "found NVIDIA driver 590.44.01 (branch R590) with Tesla P40 (pascal, compute "
+            "capability 6.1); required: branch <= R580, the last branch that supports this "
+            "GPU; do: install a driver of branch 520 to 580 (e.g. 535 or 550) and hold the "
+            "package so upgrades keep that branch, reboot, re-run"
+        ],
+    ),
+    "p40x2": ("accepted", "pascal"),
+    "p4": ("accepted", "pascal"),
+    "p100": ("accepted", "pascal"),
+    "gtx1080ti": ("accepted", "pascal"),
+    "v100": ("accepted", "volta"),
+    "t4": ("accepted", "turing"),
+    "a100": ("accepted", "modern"),
+    "mixed-p40-v100": (
+        "refused",
+        [
+            "found 2 GPU models (0: Tesla P40, 1: Tesla V100-SXM2-32GB); required: one GPU "
+            "model per host, as one profile drives dtype, attention and batch sizes; do: set "
+            'gpu_preflight_gpu_select for host to one of "Tesla P40", "Tesla V100-SXM2-32GB" '
+            "(the other GPUs are then hidden with CUDA_VISIBLE_DEVICES)"
+        ],
+    ),
+    "nogpu": (
+        "refused",
+        [
+            "found no NVIDIA GPU (no nvidia-smi, 0 NVIDIA display device(s) on the PCI bus): nothing "
+            "to provision; required: an NVIDIA GPU with a driver >= 520.61.05; do: remove the host "
+            'from p40-hosts, or set gpu_preflight_no_gpu_compute_cap (e.g. "6.1") to provision it as '
+            "a CPU-only build host"
+        ],
+    ),
+}
+
+# Refusals that need settings rather than a GPU setup, called directly.
+SETTINGS_CASES = {
+    "gpu_select_unknown": (
+        "mixed-p40-v100",
+        {"gpu_preflight_gpu_select": "Tesla K80"},
+        [
+            'gpu_preflight_gpu_select is "Tesla K80" but the host has 0: Tesla P40, 1: Tesla V100-SXM2-32GB; required: '
+            'the exact name of one of its GPUs; do: set gpu_preflight_gpu_select to one of "Tesla P40", '
+            '"Tesla V100-SXM2-32GB"'
+        ],
+    ),
+    "no_gpu_bad_cap": (
+        "nogpu",
+        {"gpu_preflight_no_gpu_compute_cap": "sm61"},
+        ['gpu_preflight_no_gpu_compute_cap is "sm61"; required: a compute capability such as "6.1"; do: correct it'],
+    ),
+    "old_smi_unknown_name": (
+        "p40-old-smi",
+        {"gpu_preflight_compute_cap_by_name": {}},
+        [
+            'nvidia-smi of driver 520.61.05 has no compute_cap field and "Tesla P40" is not in '
+            "gpu_preflight_compute_cap_by_name; required: the GPU's compute capability;"
+        ],
+    ),
+    "no_profile": (
+        "t4",
+        {"gpu_preflight_profiles": [p for p in ROLE_DEFAULTS["gpu_preflight_profiles"] if p["name"] == "pascal"]},
+        [
+            "found Tesla T4 with compute capability 7.5, which no GPU profile covers; required: compute capability "
+            "within a profile of gpu_preflight_profiles (pascal 6.0-6.2); do: add a tested profile for it to "
+            "gpu_preflight_profiles, or remove the host from p40-hosts"
+        ],
+    ),
+    "few_cpus": (
+        "p40",
+        {"gpu_preflight_min_cpus": 64},
+        [
+            "found 8 CPU(s); required: >= 64 (gpu_preflight_min_cpus); do: add CPUs, or set gpu_preflight_strict: "
+            "false to proceed with a warning"
+        ],
+    ),
+    "little_ram": (
+        "p40",
+        {"gpu_preflight_min_ram_gib": 128},
+        [
+            "found 64.0 GiB RAM; required: >= 128 GiB (gpu_preflight_min_ram_gib); do: add RAM, or set "
+            "gpu_preflight_strict: false to proceed with a warning"
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(SANDBOX_PROFILES))
+def test_every_sandbox_gpu_profile_gets_its_verdict(profile):
+    all_profiles = yaml.safe_load((REPO_ROOT / "python/tests/fixtures/standins/host/gpu_profiles.yml").read_text())
+    assert set(SANDBOX_PROFILES) == set(all_profiles)
+    kind, expected = SANDBOX_PROFILES[profile]
+    got_kind, got = direct_verdict("host", sandbox_report(profile), {})
+    assert got_kind == kind, got
+    if kind == "accepted":
+        assert got == expected
+    else:
+        assert got.count("\n- ") == 1, got
+        for fragment in expected:
+            assert fragment in got, got
+
+
+@pytest.mark.parametrize("case", sorted(SETTINGS_CASES))
+def test_each_settings_refusal_gets_its_message(case):
+    profile, host_vars, fragments = SETTINGS_CASES[case]
+    got_kind, got = direct_verdict("host", sandbox_report(profile), host_vars)
+    assert got_kind == "refused" and got.count("\n- ") == 1, got
+    for fragment in fragments:
+        assert fragment in got, got
+
+
+@pytest.mark.parametrize("host", sorted(CASES))
+def test_the_rules_called_directly_give_the_same_verdicts(host):
+    found, host_vars, (kind, expected) = CASES[host]
+    got_kind, got = direct_verdict(host, found, host_vars)
+    assert got_kind == kind, got
+    if kind == "accepted":
+        assert got == expected
+    else:
+        for fragment in expected:
+            assert fragment in got, got
+
+
+def test_soft_findings_become_warnings_without_the_strict_hint():
+    result = ASSESS(
+        sandbox_report("p40"), settings("host", {"gpu_preflight_min_cpus": 64, "gpu_preflight_strict": "no"})
+    )
+    assert result["errors"] == []
+    assert result["warnings"] == ["found 8 CPU(s); required: >= 64 (gpu_preflight_min_cpus); do: add CPUs"]
+
+
+def test_a_driver_change_since_the_saved_state_is_reported():
+    found = sandbox_report("p40")
+    first = ASSESS(found, settings("host", {}))["facts"]
+    found["state"] = {"exists": True, "error": "", "content": first["gpu_preflight_state_content"]}
+    assert ASSESS(found, settings("host", {}))["facts"]["gpu_preflight_changes"] == []
+    upgraded = sandbox_report("p40")
+    for gpu in upgraded["nvidia_smi"]["gpus"]:
+        gpu["driver_version"] = "550.127.05"
+    upgraded["state"] = found["state"]
+    facts = ASSESS(upgraded, settings("host", {}))["facts"]
+    assert facts["gpu_preflight_changes"] == ["driver 535.183.01 -> 550.127.05: re-verifying the stack"]
+    assert (facts["gpu_preflight_driver_changed"], facts["gpu_preflight_previous_driver_version"]) == (
+        True,
+        "535.183.01",
+    )

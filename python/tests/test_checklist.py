@@ -1,0 +1,61 @@
+"""playbooks/verify.yml (the fleet checklist) on hosts the pipeline really converged.
+
+node1 is an A100 (profile modern: verl needs no patches, so none are recorded); node2 is a P40 whose
+/usr/local/cuda already pointed at /usr/local/cuda-11.8 before the run, a valid host the cuda_toolkit
+role leaves as it found it. The checklist must pass on both, and still catch a broken stage.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.host_state import sh
+
+pytestmark = pytest.mark.sandbox
+
+CHECKLIST = "playbooks/verify.yml"
+# The sandbox serves no vLLM wheel (the modern profile would install one): this checklist is not about it.
+NO_VLLM = {"verl_install_vllm": False}
+
+
+@pytest.fixture(scope="module")
+def converged(make_sandbox, run_playbook):
+    fleet = make_sandbox("checklist", ["a100", "p40"])
+    linked = fleet.exec("node2", "ln -sfn /usr/local/cuda-11.8 /usr/local/cuda")
+    assert linked.returncode == 0, linked.stderr
+    result = run_playbook("site.yml", fleet.inventory_dir, extra_vars=NO_VLLM)
+    assert result.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in result.failures]
+    return fleet
+
+
+def test_checklist_passes_on_a_modern_host_and_on_a_host_whose_cuda_link_was_already_11_8(converged, run_playbook):
+    assert sh(converged, "node2", "readlink /usr/local/cuda") == "/usr/local/cuda-11.8"
+    assert sh(converged, "node1", "test ! -e /var/lib/p40fleet/verl_patches/applied.json && echo none") == "none"
+    result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars=NO_VLLM)
+    assert result.rc == 0, [f"{f.host}: {f.message}" for f in result.failures]
+    assert {h: (s["ok"], s["failures"], s["changed"]) for h, s in result.stats.items()} == {
+        "node1": (3, 0, 0),
+        "node2": (3, 0, 0),
+    }
+
+
+def test_checklist_reads_its_expectations_from_the_role_variables(converged, run_playbook):
+    # The same hosts against another pinned torch: the checklist must notice.
+    result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars={**NO_VLLM, "pytorch_torch_version": "2.7.0"})
+    assert {f.host for f in result.failures} == {"node1", "node2"}
+    assert "'stack': ['2.7.0+cu118', '11.8', '/opt/p40fleet/verl/verl']" in result.failures[0].message
+
+
+def test_checklist_catches_a_missing_patch_record_on_a_host_that_needs_one(converged, run_playbook):
+    moved = converged.exec(
+        "node2", "mv /var/lib/p40fleet/verl_patches/applied.json /var/lib/p40fleet/verl_patches/applied.json.away"
+    )
+    assert moved.returncode == 0, moved.stderr
+    try:
+        result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars=NO_VLLM)
+    finally:
+        converged.exec(
+            "node2", "mv /var/lib/p40fleet/verl_patches/applied.json.away /var/lib/p40fleet/verl_patches/applied.json"
+        )
+    assert {f.host for f in result.failures} == {"node2"}
+    assert "expected {" in result.failures[0].message and "'patches': 'a record'" in result.failures[0].message
