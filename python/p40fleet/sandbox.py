@@ -41,8 +41,10 @@ DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
 # Minbase plus what an SSH login, Ansible's modules (python3, python3-apt for the apt module) and sudo
 # need; everything else a role runs must come from the host_prereqs stage.
 IMAGE_PACKAGES = ("python3", "python3-apt", "openssh-server", "sudo")
-# The stand-in conda makes its envs as venvs of the host's python3 (the real Miniconda needs nothing).
-STANDIN_PACKAGES = ("python3-venv",)
+# The stand-ins' own needs, not the roles' (the sandbox inventory adds them to host_prereqs): the
+# stand-in conda makes its envs as venvs of the host's python3, and the stand-in Apex compiles C
+# extensions against that python's headers (a real conda env has both itself).
+STANDIN_PACKAGES = ("python3-venv", "python3-dev")
 HOST_PREREQS_VARS = REPO_ROOT / "roles" / "host_prereqs" / "vars"
 MIRROR_PORT = 8080
 APT_PORT = 8081
