@@ -1,7 +1,8 @@
 """Test fixtures the sandbox serves: real upstream files fetched ahead of time, and stand-ins.
 
 Real third-party files (verl's sdist and the wheels its config needs) are fetched from PyPI by
-`p40fleet fixtures fetch` (run by `make fixtures`), never at test time. Stand-ins for what cannot be
+`p40fleet fixtures fetch` (run by `make fixtures`), never at test time, and so are the real files of
+the sandbox's verl dependency lock (fetch_locked_wheels), which the sandbox mirror serves. Stand-ins for what cannot be
 downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are built by the
 modules in python/tests/fixtures/standins/artifacts/, each exposing
 `build(out_dir, upstream_dir) -> dict` of the inventory variables that point the roles at them.

@@ -157,9 +157,8 @@ def test_verify_alone_passes_and_changes_nothing(converged, play):
     assert result.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in result.failures]
     assert {h: result.stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0)
     # The sandbox inventory narrows verl's checks, visibly: the task name lists them.
-    assert "Run verl's post-install checks in the env (editable, compile, hydra_compose, flash_attn_shim)" in (
-        result.stdout
-    )
+    checks = "editable, compile, hydra_compose, flash_attn_shim, pip_check"
+    assert f"Run verl's post-install checks in the env ({checks})" in result.stdout
 
 
 def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import tarfile
 import zipfile
 from email.parser import Parser
@@ -227,3 +228,30 @@ def test_marker_environment_is_what_the_locks_target() -> None:
     """The markers used above say Linux x86_64 CPython: a requirement for Windows must not count."""
     assert not Marker('sys_platform == "win32"').evaluate(lock_environment("11"))
     assert Marker('python_version < "3.11"').evaluate(lock_environment("10"))
+
+
+def test_role_stops_where_no_lock_was_resolved_for_the_envs_python(run_playbook, tmp_path) -> None:
+    """An env on a Python no lock was resolved for stops before anything is installed, naming what to do."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    node9:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n"
+    )
+    playbook = tmp_path / "verl.yml"
+    playbook.write_text(f"- hosts: all\n  gather_facts: false\n  roles:\n    - role: {REPO_ROOT / 'roles' / 'verl'}\n")
+    env = tmp_path / "env"
+    extra = {
+        "conda_env_prefix": str(env),
+        "conda_env_python": str(env / "bin" / "python"),
+        "conda_env_owner": "nobody",
+        "conda_env_owner_exists": True,
+        "conda_env_python_version": "3.12",
+        "verl_checkout_dir": str(tmp_path / "verl"),
+    }
+    result = run_playbook(playbook, inventory, extra_vars=extra, envvars={"ANSIBLE_CACHE_PLUGIN": "memory"})
+    assert result.rc != 0
+    (failure,) = result.failures
+    assert failure.task == "Ensure a dependency lock exists for this verl release and the env's Python"
+    assert failure.message.startswith("node9: no dependency lock verl-0.4.1-py312.lock.txt for verl 0.4.1 on")
+    assert "verl-0.4.1-py310.lock.txt" in failure.message and "make lock" in failure.message
+    assert not env.exists() and not (tmp_path / "verl").exists()

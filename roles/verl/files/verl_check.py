@@ -68,6 +68,14 @@ def import_verl():
     return "" if verl.__version__ == spec["version"] else f"verl.__version__ is {verl.__version__}"
 
 
+def pip_check():
+    """The whole env, verl's locked dependencies and the pytorch role's builds together: no broken requirement."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False, cwd=source
+    )
+    return "" if done.returncode == 0 else f"pip check: {(done.stdout + done.stderr).strip()[-800:]}"
+
+
 def cfg_job():
     done = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job", *spec["overrides"]],
@@ -86,6 +94,7 @@ CHECKS = {
     "compile": compile_all,
     "hydra_compose": hydra_compose,
     "flash_attn_shim": flash_attn_shim,
+    "pip_check": pip_check,
     "import": import_verl,
     "cfg_job": cfg_job,
 }
