@@ -7,6 +7,7 @@ No containers: the role runs with ansible-playbook over a local connection, the 
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -270,3 +271,111 @@ def test_script_refuses_root(rendered):
         done = subprocess.run([str(rendered["p40"]["script"]), *mode], capture_output=True, text=True)
         assert done.returncode == 1
         assert "refusing to run as root" in done.stderr
+
+
+def test_a_profile_that_needs_patches_refuses_an_unpatched_verl(tmp_path, run_playbook):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": me,
+        "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
+        "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
+        "gpu_preflight_profile": {**HOSTS["p40"], "needs_patches": True},
+        "verl_patches_record": {"state": "unpatched", "verl_version": "0.4.1", "profile": "pascal"},
+        "training_data_train_file": "/srv/train.parquet",
+        "training_data_test_file": "/srv/test.parquet",
+        "training_data_model_path": "/srv/model",
+        "launch_script_path": str(tmp_path / "train_gsm8k_ppo.sh"),
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
+    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    assert result.rc == 2
+    assert any("needs verl's source patches" in f.message for f in result.failures), result.failures
+    assert not (tmp_path / "train_gsm8k_ppo.sh").exists()
+
+
+# --- On sandbox hosts: site.yml end to end, then the scripts run on the hosts ---------------------
+SANDBOX_HUB_TOKEN = "hf_p40fleetSandboxStandinToken0123456789"
+ENV_OWNER = "p40fleet"
+
+
+@pytest.fixture(scope="module")
+def converged(make_sandbox, run_playbook):
+    fleet = make_sandbox("launch", ["p40", "p40x2"])
+    first = run_playbook("site.yml", fleet.inventory_dir)
+    second = run_playbook("site.yml", fleet.inventory_dir)
+    return {"fleet": fleet, "first": first, "second": second}
+
+
+@pytest.mark.sandbox
+def test_site_yml_converges_and_a_second_run_changes_nothing(converged):
+    first, second = converged["first"], converged["second"]
+    assert first.rc == 0, "\n".join(f.message for f in first.failures) or first.stdout[-4000:]
+    assert second.rc == 0, second.stdout[-4000:]
+    assert {h: s["changed"] for h, s in second.stats.items()} == {"node1": 0, "node2": 0}, second.stdout[-4000:]
+
+
+@pytest.mark.sandbox
+def test_scripts_differ_in_gpu_count_and_memory_between_one_and_two_p40s(converged):
+    fleet = converged["fleet"]
+    printed = {}
+    for host in ("node1", "node2"):
+        done = fleet.exec(host, f"~{ENV_OWNER}/train_gsm8k_ppo.sh --print", user=ENV_OWNER)
+        assert done.returncode == 0, done.stderr
+        printed[host] = as_dict(parse_printed(done.stdout))
+    one, two = printed["node1"], printed["node2"]
+    assert one["trainer.n_gpus_per_node"] == "1" and two["trainer.n_gpus_per_node"] == "2"
+    assert one["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True"
+    assert two["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert one["data.train_files"].endswith("/train.parquet")
+    visible = fleet.exec("node2", f"grep '^export CUDA_VISIBLE_DEVICES=' ~{ENV_OWNER}/train_gsm8k_ppo.sh")
+    assert visible.stdout.strip() == "export CUDA_VISIBLE_DEVICES=0,1"
+
+
+@pytest.mark.sandbox
+def test_dry_run_composes_against_the_installed_verl_as_the_env_owner(converged):
+    fleet = converged["fleet"]
+    for host in ("node1", "node2"):
+        done = fleet.exec(host, f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run", user=ENV_OWNER)
+        assert done.returncode == 0, done.stderr
+        composed = yaml.safe_load(done.stdout)
+        assert composed["actor_rollout_ref"]["rollout"]["name"] == "hf"
+        assert composed["actor_rollout_ref"]["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] == "fp32"
+    bad = fleet.exec("node1", f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run trainer.no_such_key=1", user=ENV_OWNER)
+    assert bad.returncode == 1 and "no_such_key" in bad.stderr
+    root = fleet.exec("node1", f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run")
+    assert root.returncode == 1 and "refusing to run as root" in root.stderr
+
+
+@pytest.mark.sandbox
+def test_the_data_files_on_the_host_are_in_verls_layout(converged):
+    fleet = converged["fleet"]
+    script = (
+        "import json, pyarrow.parquet as pq; t = pq.read_table('/opt/p40fleet/data/gsm8k/train.parquet');"
+        "print(json.dumps({'names': t.column_names, 'rows': t.to_pylist()}))"
+    )
+    done = fleet.exec("node1", f'/opt/miniconda3/envs/verl-env/bin/python -c "{script}"', user=ENV_OWNER)
+    assert done.returncode == 0, done.stderr
+    table = json.loads(done.stdout)
+    assert table["names"] == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    first = table["rows"][0]
+    assert first["reward_model"] == {"style": "rule", "ground_truth": "1234"}
+    assert first["prompt"][0]["content"].endswith('output the final answer after "####".')
+    assert {r["reward_model"]["ground_truth"] for r in table["rows"]} >= {"-5", "-3000", "30000", "2.5"}
+
+
+@pytest.mark.sandbox
+def test_the_token_appears_in_no_artifact(converged):
+    fleet = converged["fleet"]
+    found = []
+    for run in ("first", "second"):
+        private = converged[run].artifact_dir.parent.parent
+        found += [str(p) for p in private.rglob("*") if p.is_file() and SANDBOX_HUB_TOKEN.encode() in p.read_bytes()]
+        assert SANDBOX_HUB_TOKEN not in converged[run].stdout
+    for host in ("node1", "node2"):
+        done = fleet.exec(host, f"grep -rl {SANDBOX_HUB_TOKEN} /opt /home /root /tmp /var/tmp /var/log /etc || true")
+        found += [f"{host}:{line}" for line in done.stdout.split()]
+    assert found == []
