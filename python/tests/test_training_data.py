@@ -111,21 +111,23 @@ def hub(tmp_path_factory, data_env):
             str(root),
         ]
     )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.05)
-    request = urllib.request.Request(
-        f"{url}/api/models/{content.MODEL_REPO}", headers={"Authorization": f"Bearer {token}"}
-    )
-    model_commit = json.load(urllib.request.urlopen(request))["sha"]
-    dataset_commit = json.load(urllib.request.urlopen(f"{url}/api/datasets/{content.GSM8K_REPO}"))["sha"]
-    yield {"url": url, "token": token, "model": model_commit, "dataset": dataset_commit, "root": root}
-    server.terminate()
-    server.wait(timeout=10)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        request = urllib.request.Request(
+            f"{url}/api/models/{content.MODEL_REPO}", headers={"Authorization": f"Bearer {token}"}
+        )
+        model_commit = json.load(urllib.request.urlopen(request))["sha"]
+        dataset_commit = json.load(urllib.request.urlopen(f"{url}/api/datasets/{content.GSM8K_REPO}"))["sha"]
+        yield {"url": url, "token": token, "model": model_commit, "dataset": dataset_commit, "root": root}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
