@@ -449,10 +449,11 @@ class Sandbox:
             handle.write(secrets.token_urlsafe(24) + "\n")
 
     def _start_mirror(self, image: str, mirror_dir: Path, apt_repo: Path) -> None:
-        # Two servers in one container: the stand-in artifacts, and the apt repository the hosts use.
+        # Two servers in one container: the apt repository the hosts use, and the stand-in artifacts as static
+        # files plus the Hub's routes for huggingface_hub.
         serve = (
             f"python3 -m http.server {APT_PORT} --directory /srv/apt >/dev/null 2>&1 & "
-            f"exec python3 -m http.server {MIRROR_PORT} --directory /srv/mirror"
+            f"exec python3 /srv/hub_server.py --port {MIRROR_PORT} --directory /srv/mirror"
         )
         podman(
             "run",
@@ -466,6 +467,8 @@ class Sandbox:
             f"{mirror_dir}:/srv/mirror:ro",
             "-v",
             f"{apt_repo}:/srv/apt:ro",
+            "-v",
+            f"{STANDINS_DIR / 'hub_server.py'}:/srv/hub_server.py:ro",
             image,
             "sh",
             "-c",

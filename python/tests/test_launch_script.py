@@ -1,0 +1,381 @@
+"""launch_script: render the script for several GPU profiles and compose its overrides with hydra-core
+against the real Hydra configs of verl 0.4.1 and 0.5.0, taken from their PyPI wheels (upstream.txt).
+
+No containers: the role runs with ansible-playbook over a local connection, the rendered script's
+--print gives the overrides, and the role's own compose helper (the one --dry-run runs) checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+
+ROLE = REPO_ROOT / "roles" / "launch_script"
+PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
+COMPOSE = ROLE / "files" / "launch_script_compose.py"
+VERSIONS = ("0.4.1", "0.5.0")
+PREFLIGHT = yaml.safe_load((REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml").read_text())
+
+
+def preflight_profile(gpu_name: str, compute_cap: str, memory_mib: int, count: int) -> dict:
+    """What gpu_preflight publishes for such a host: the profile of its compute capability, the memory tier."""
+    cap = tuple(int(x) for x in compute_cap.split("."))
+
+    def as_tuple(text):
+        return tuple(int(x) for x in text.split("."))
+
+    match = next(
+        p
+        for p in PREFLIGHT["gpu_preflight_profiles"]
+        if as_tuple(p["min_compute_cap"]) <= cap <= as_tuple(p["max_compute_cap"])
+    )
+    tier = max(
+        (t for t in PREFLIGHT["gpu_preflight_launch_tiers"] if t["min_memory_mib"] <= memory_mib),
+        key=lambda t: t["min_memory_mib"],
+    )
+    return {
+        "name": match["name"],
+        "compute_cap": compute_cap,
+        "gpu_name": gpu_name,
+        "gpu_count": count,
+        "cuda_visible_devices": ",".join(str(i) for i in range(count)),
+        "memory_mib": memory_mib,
+        "dtype": match["dtype"],
+        "attn_implementation": match["attn_implementation"],
+        "vllm_supported": match["vllm_supported"],
+        "rollout_name": "vllm" if match["vllm_supported"] else "hf",
+        "torch_compile": match["torch_compile"],
+        "launch": tier,
+    }
+
+
+HOSTS = {
+    "p40": preflight_profile("Tesla P40", "6.1", 24576, 1),
+    "p40x2": preflight_profile("Tesla P40", "6.1", 24576, 2),
+    "v100": preflight_profile("Tesla V100-SXM2-32GB", "7.0", 32768, 1),
+    "a100": preflight_profile("NVIDIA A100-SXM4-40GB", "8.0", 40960, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def verl_configs(tmp_path_factory) -> dict[str, Path]:
+    """verl/trainer/config of each release, unpacked from its PyPI wheel."""
+    out = tmp_path_factory.mktemp("verl-wheels")
+    dirs = {}
+    for version in VERSIONS:
+        wheels = sorted((UPSTREAM_DIR / "wheel").glob(f"verl-{version}-*.whl"))
+        if not wheels:
+            pytest.fail(f"no verl {version} wheel in {UPSTREAM_DIR / 'wheel'}: run `make fixtures` (upstream.txt)")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            members = [n for n in wheel.namelist() if n.startswith("verl/trainer/config/")]
+            wheel.extractall(out / version, members)
+        dirs[version] = out / version / "verl" / "trainer" / "config"
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def sdists(tmp_path_factory) -> dict[str, Path]:
+    """The verl sources (PyPI sdists), to read the lines that consume the keys the script adds."""
+    out = tmp_path_factory.mktemp("verl-sdists")
+    roots = {}
+    for version in VERSIONS:
+        with tarfile.open(UPSTREAM_DIR / "sdist" / f"verl-{version}.tar.gz") as sdist:
+            sdist.extractall(out, filter="data")
+        roots[version] = out / f"verl-{version}"
+    return roots
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory, run_playbook) -> dict[str, dict]:
+    """Run the role once for every host of HOSTS; {host: {"script": path, "overrides": [...]}}."""
+    work = tmp_path_factory.mktemp("launch-script")
+    me = pwd.getpwuid(os.getuid()).pw_name
+    hosts = {}
+    for name, profile in HOSTS.items():
+        hosts[name] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            # The role's tasks become the env owner; here the owner is whoever runs the tests.
+            "ansible_become": False,
+            "conda_env_owner": me,
+            "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
+            "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
+            "cuda_toolkit_home": "/usr/local/cuda-11.8",
+            "cuda_toolkit_env_file": "/etc/p40fleet/cuda-11.8.sh",
+            "gpu_preflight_profile": profile,
+            "verl_version": "0.4.1",
+            "training_data_train_file": "/srv/data/gsm8k/train.parquet",
+            "training_data_test_file": "/srv/data/gsm8k/test.parquet",
+            "training_data_model_path": "/srv/models/Qwen2.5-0.5B-Instruct",
+            "launch_script_path": str(work / name / "train_gsm8k_ppo.sh"),
+            "launch_script_work_dir": str(work / name / "runs"),
+            # --dry-run needs verl in an env; the tests compose with the same helper below.
+            "launch_script_verify_dry_run": False,
+        }
+        (work / name).mkdir()
+    hosts["p40x2"]["launch_script_extra_overrides"] = ["trainer.val_before_train=False"]
+    hosts["p40x2"]["launch_script_host_overrides"] = ["trainer.total_epochs=2"]
+    inventory = work / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
+    first = run_playbook(PLAYBOOK, inventory, envvars=envvars)
+    assert first.rc == 0, first.stdout[-3000:]
+    second = run_playbook(PLAYBOOK, inventory, envvars=envvars)
+    assert second.rc == 0, second.stdout[-3000:]
+    assert all(second.stats[h]["changed"] == 0 for h in HOSTS), second.stats
+    out = {}
+    for name in HOSTS:
+        script = work / name / "train_gsm8k_ppo.sh"
+        printed = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=True).stdout
+        out[name] = {"script": script, "printed": printed, "overrides": parse_printed(printed)}
+    return out
+
+
+def parse_printed(printed: str) -> list[str]:
+    """The overrides --print shows, one per line, shell-quoted; read back with the shell itself."""
+    lines = printed.strip().splitlines()
+    assert lines[0].endswith("-m verl.trainer.main_ppo \\"), lines[0]
+    quoted = " ".join(line.strip().removesuffix("\\").strip() for line in lines[1:])
+    done = subprocess.run(["bash", "-c", f'printf "%s\\n" {quoted}'], capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def as_dict(overrides: list[str]) -> dict[str, str]:
+    result = {}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        result[key.lstrip("+")] = value
+    return result
+
+
+def added_keys() -> list[dict]:
+    return yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["launch_script_added_keys"]
+
+
+def compose(config_dir: Path, overrides: list[str], keys: list[str]) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(COMPOSE), "--config-dir", str(config_dir)]
+    for key in keys:
+        argv += ["--added-key", key]
+    return subprocess.run([*argv, "--", *overrides], capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("host", list(HOSTS))
+def test_every_override_composes_against_verls_own_config(rendered, verl_configs, version, host):
+    overrides = rendered[host]["overrides"]
+    done = compose(verl_configs[version], overrides, [k["key"] for k in added_keys()])
+    assert done.returncode == 0, done.stderr
+    composed = yaml.safe_load(done.stdout)
+    values = as_dict(overrides)
+    assert composed["trainer"]["n_gpus_per_node"] == int(values["trainer.n_gpus_per_node"])
+    fsdp = composed["actor_rollout_ref"]["actor"]["fsdp_config"]
+    wanted = values["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"]
+    assert fsdp["mixed_precision"]["param_dtype"] == wanted
+    assert composed["critic"]["model"]["fsdp_config"]["model_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_created_keys_are_only_those_verl_reads_with_get(rendered, verl_configs, version):
+    """Every `+key` of the script is one of the named keys; without that list the compose refuses them."""
+    overrides = rendered["p40"]["overrides"]
+    created = sorted({o.split("=", 1)[0].lstrip("+") for o in overrides if o.startswith("+")})
+    assert created == sorted(k["key"] for k in added_keys())
+    refused = compose(verl_configs[version], overrides, [])
+    assert refused.returncode == 1
+    for key in created:
+        assert f"has no {key}," in refused.stderr
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_named_created_key_is_read_with_get_at_the_cited_line(sdists, version):
+    for entry in added_keys():
+        path, line = entry["reads"][version].split(":")
+        text = (sdists[version] / path).read_text().splitlines()[int(line) - 1]
+        leaf = entry["key"].split(".")[-1]
+        parent = entry["key"].split(".")[-2]
+        # model_dtype is read as fsdp_config.get("model_dtype"); the precision keys as
+        # mixed_precision_config.get("param_dtype"), whose node is itself read with .get("mixed_precision").
+        assert f'.get("{leaf}"' in text, f"{version} {path}:{line} does not read {leaf}: {text!r}"
+        if parent == "mixed_precision":
+            block = (sdists[version] / path).read_text().splitlines()[int(line) - 6 : int(line)]
+            assert any('.get("mixed_precision"' in b for b in block), (version, path, line)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_dead_keys_of_the_seed_recipe_are_refused(verl_configs, version):
+    done = compose(
+        verl_configs[version],
+        ["++actor_rollout_ref.fsdp_config.cpu_offload=true", "actor_rollout_ref.actor.no_such_key=1"],
+        [k["key"] for k in added_keys()],
+    )
+    assert done.returncode == 1
+    assert "actor_rollout_ref.fsdp_config.cpu_offload" in done.stderr
+    assert "no_such_key" in done.stderr
+
+
+def test_settings_follow_each_profile(rendered):
+    p40, p40x2, v100, a100 = (as_dict(rendered[h]["overrides"]) for h in ("p40", "p40x2", "v100", "a100"))
+    assert p40["trainer.n_gpus_per_node"] == "1" and p40x2["trainer.n_gpus_per_node"] == "2"
+    # One P40 cannot shard its FSDP state: it offloads parameters; two do not need to.
+    assert p40["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True"
+    assert p40x2["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    for pascal in (p40, p40x2):
+        assert pascal["actor_rollout_ref.rollout.name"] == "hf"
+        assert pascal["actor_rollout_ref.rollout.dtype"] == "float32"
+        assert pascal["actor_rollout_ref.actor.use_torch_compile"] == "False"
+        assert pascal["actor_rollout_ref.model.use_remove_padding"] == "False"
+        assert pascal["critic.model.use_remove_padding"] == "False"
+        assert pascal["actor_rollout_ref.ref.fsdp_config.model_dtype"] == "fp32"
+    # Volta: fp16 rollout, but fp32 parameters (no loss scaler in verl 0.4.1/0.5.0).
+    assert v100["actor_rollout_ref.rollout.dtype"] == "float16"
+    assert v100["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "fp32"
+    assert v100["critic.model.fsdp_config.mixed_precision.param_dtype"] == "fp32"
+    assert v100["actor_rollout_ref.rollout.name"] == "vllm"
+    assert a100["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "bf16"
+    assert a100["actor_rollout_ref.model.use_remove_padding"] == "True"
+    assert a100["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
+    assert p40["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "4"
+    # Extra overrides from group and host come last, in that order.
+    assert rendered["p40x2"]["overrides"][-2:] == ["trainer.val_before_train=False", "trainer.total_epochs=2"]
+
+
+def test_script_sets_the_gpus_and_the_side_cuda(rendered):
+    text = rendered["p40x2"]["script"].read_text()
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
+    assert re.search(r"^export CUDA_VISIBLE_DEVICES=0,1$", text, re.M)
+    assert "export CUDA_HOME=/usr/local/cuda-11.8" in text
+    assert "$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" in text
+
+
+def test_passthrough_arguments_are_appended(rendered):
+    script = rendered["p40"]["script"]
+    printed = subprocess.run([str(script), "--print", "trainer.total_epochs=1"], capture_output=True, text=True)
+    assert parse_printed(printed.stdout)[-1] == "trainer.total_epochs=1"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to show the refusal")
+def test_script_refuses_root(rendered):
+    for mode in ([], ["--dry-run"]):
+        done = subprocess.run([str(rendered["p40"]["script"]), *mode], capture_output=True, text=True)
+        assert done.returncode == 1
+        assert "refusing to run as root" in done.stderr
+
+
+def test_a_profile_that_needs_patches_refuses_an_unpatched_verl(tmp_path, run_playbook):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": me,
+        "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
+        "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
+        "gpu_preflight_profile": {**HOSTS["p40"], "needs_patches": True},
+        "verl_patches_record": {"state": "unpatched", "verl_version": "0.4.1", "profile": "pascal"},
+        "training_data_train_file": "/srv/train.parquet",
+        "training_data_test_file": "/srv/test.parquet",
+        "training_data_model_path": "/srv/model",
+        "launch_script_path": str(tmp_path / "train_gsm8k_ppo.sh"),
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
+    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    assert result.rc == 2
+    assert any("needs verl's source patches" in f.message for f in result.failures), result.failures
+    assert not (tmp_path / "train_gsm8k_ppo.sh").exists()
+
+
+# --- On sandbox hosts: site.yml end to end, then the scripts run on the hosts ---------------------
+SANDBOX_HUB_TOKEN = "hf_p40fleetSandboxStandinToken0123456789"
+ENV_OWNER = "p40fleet"
+
+
+@pytest.fixture(scope="module")
+def converged(make_sandbox, run_playbook):
+    fleet = make_sandbox("launch", ["p40", "p40x2"])
+    first = run_playbook("site.yml", fleet.inventory_dir)
+    second = run_playbook("site.yml", fleet.inventory_dir)
+    return {"fleet": fleet, "first": first, "second": second}
+
+
+@pytest.mark.sandbox
+def test_site_yml_converges_and_a_second_run_changes_nothing(converged):
+    first, second = converged["first"], converged["second"]
+    assert first.rc == 0, "\n".join(f.message for f in first.failures) or first.stdout[-4000:]
+    assert second.rc == 0, second.stdout[-4000:]
+    assert {h: s["changed"] for h, s in second.stats.items()} == {"node1": 0, "node2": 0}, second.stdout[-4000:]
+
+
+@pytest.mark.sandbox
+def test_scripts_differ_in_gpu_count_and_memory_between_one_and_two_p40s(converged):
+    fleet = converged["fleet"]
+    printed = {}
+    for host in ("node1", "node2"):
+        done = fleet.exec(host, f"~{ENV_OWNER}/train_gsm8k_ppo.sh --print", user=ENV_OWNER)
+        assert done.returncode == 0, done.stderr
+        printed[host] = as_dict(parse_printed(done.stdout))
+    one, two = printed["node1"], printed["node2"]
+    assert one["trainer.n_gpus_per_node"] == "1" and two["trainer.n_gpus_per_node"] == "2"
+    assert one["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True"
+    assert two["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert one["data.train_files"].endswith("/train.parquet")
+    visible = fleet.exec("node2", f"grep '^export CUDA_VISIBLE_DEVICES=' ~{ENV_OWNER}/train_gsm8k_ppo.sh")
+    assert visible.stdout.strip() == "export CUDA_VISIBLE_DEVICES=0,1"
+
+
+@pytest.mark.sandbox
+def test_dry_run_composes_against_the_installed_verl_as_the_env_owner(converged):
+    fleet = converged["fleet"]
+    for host in ("node1", "node2"):
+        done = fleet.exec(host, f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run", user=ENV_OWNER)
+        assert done.returncode == 0, done.stderr
+        composed = yaml.safe_load(done.stdout)
+        assert composed["actor_rollout_ref"]["rollout"]["name"] == "hf"
+        assert composed["actor_rollout_ref"]["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] == "fp32"
+    bad = fleet.exec("node1", f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run trainer.no_such_key=1", user=ENV_OWNER)
+    assert bad.returncode == 1 and "no_such_key" in bad.stderr
+    root = fleet.exec("node1", f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run")
+    assert root.returncode == 1 and "refusing to run as root" in root.stderr
+
+
+@pytest.mark.sandbox
+def test_the_data_files_on_the_host_are_in_verls_layout(converged):
+    fleet = converged["fleet"]
+    script = (
+        "import json, pyarrow.parquet as pq; t = pq.read_table('/opt/p40fleet/data/gsm8k/train.parquet');"
+        "print(json.dumps({'names': t.column_names, 'rows': t.to_pylist()}))"
+    )
+    done = fleet.exec("node1", f'/opt/miniconda3/envs/verl-env/bin/python -c "{script}"', user=ENV_OWNER)
+    assert done.returncode == 0, done.stderr
+    table = json.loads(done.stdout)
+    assert table["names"] == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    first = table["rows"][0]
+    assert first["reward_model"] == {"style": "rule", "ground_truth": "1234"}
+    assert first["prompt"][0]["content"].endswith('output the final answer after "####".')
+    assert {r["reward_model"]["ground_truth"] for r in table["rows"]} >= {"-5", "-3000", "30000", "2.5"}
+
+
+@pytest.mark.sandbox
+def test_the_token_appears_in_no_artifact(converged):
+    fleet = converged["fleet"]
+    found = []
+    for run in ("first", "second"):
+        private = converged[run].artifact_dir.parent.parent
+        found += [str(p) for p in private.rglob("*") if p.is_file() and SANDBOX_HUB_TOKEN.encode() in p.read_bytes()]
+        assert SANDBOX_HUB_TOKEN not in converged[run].stdout
+    for host in ("node1", "node2"):
+        done = fleet.exec(host, f"grep -rl {SANDBOX_HUB_TOKEN} /opt /home /root /tmp /var/tmp /var/log /etc || true")
+        found += [f"{host}:{line}" for line in done.stdout.split()]
+    assert found == []

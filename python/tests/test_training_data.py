@@ -1,0 +1,249 @@
+"""training_data without containers: the role over a local connection, the real huggingface_hub and
+pyarrow (wheels from upstream.txt, in a venv made once) against the Hub stand-in on loopback.
+
+Checks verl's GSM8K layout value by value, the model's verification, idempotence, a gated model that
+needs the token, and that the token is in no file the run leaves behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from p40fleet.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR
+
+PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "training_data.yml"
+TOOL = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_tool.py"
+HUB_SERVER = STANDINS_DIR / "hub_server.py"
+HUB_CONTENT = STANDINS_DIR / "hub_content.py"
+DATA_ENV_PACKAGES = ["pyarrow", "huggingface_hub"]
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = load(TOOL, "training_data_tool")
+content = load(HUB_CONTENT, "hub_content")
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("1200 + 34 = 1234\n#### 1,234", "1234"),
+        ("#### -5", "-5"),
+        ("#### -3,000", "-3000"),
+        ("#### 2.5", "2.5"),
+        ("#### 999,999", "999999"),
+    ],
+)
+def test_the_number_after_hashes_is_extracted_as_verl_does(answer, expected):
+    assert tool.extract_solution(answer) == expected
+
+
+def test_an_answer_without_a_number_is_refused():
+    with pytest.raises(ValueError, match="no '#### <number>'"):
+        tool.extract_solution("no final answer here")
+
+
+@pytest.fixture(scope="module")
+def data_env() -> Path:
+    """A venv with the real pyarrow and huggingface_hub wheels (what verl's dependency set brings)."""
+    wheels = UPSTREAM_DIR / "wheel"
+    key = hashlib.sha256("\n".join(sorted(p.name for p in wheels.glob("*.whl"))).encode()).hexdigest()[:12]
+    env = CACHE_DIR / "test-envs" / f"training-data-{key}"
+    python = env / "bin" / "python"
+    if not (env / ".complete").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), *DATA_ENV_PACKAGES],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"cannot build the data env from {wheels} (run `make fixtures`): {done.stderr}")
+        (env / ".complete").write_text("")
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, data_env):
+    """The Hub stand-in on loopback, its model gated by a fresh token: (url, token, commits)."""
+    root = tmp_path_factory.mktemp("hub")
+    subprocess.run([str(data_env), str(HUB_CONTENT), str(root)], check=True)
+    token = "hf_" + secrets.token_hex(16)
+    (root / "models" / content.MODEL_REPO / ".gated-token").write_text(token)
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(HUB_SERVER),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--directory",
+            str(root),
+            "--hub-root",
+            str(root),
+        ]
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        request = urllib.request.Request(
+            f"{url}/api/models/{content.MODEL_REPO}", headers={"Authorization": f"Bearer {token}"}
+        )
+        model_commit = json.load(urllib.request.urlopen(request))["sha"]
+        dataset_commit = json.load(urllib.request.urlopen(f"{url}/api/datasets/{content.GSM8K_REPO}"))["sha"]
+        yield {"url": url, "token": token, "model": model_commit, "dataset": dataset_commit, "root": root}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory, run_playbook, data_env, hub):
+    work = tmp_path_factory.mktemp("training-data")
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": os.environ.get("USER") or "root",
+        "training_data_python": str(data_env),
+        "training_data_root": str(work / "p40fleet"),
+        "training_data_hub_endpoint": hub["url"],
+        "training_data_hub_token": hub["token"],
+        "training_data_dataset_revision": hub["dataset"],
+        "training_data_model_revision": hub["model"],
+    }
+    import pwd
+
+    host["conda_env_owner"] = pwd.getpwuid(os.getuid()).pw_name
+    (work / "p40fleet").mkdir()
+    inventory = work / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
+    first = run_playbook(PLAYBOOK, inventory, envvars=envvars)
+    second = run_playbook(PLAYBOOK, inventory, envvars=envvars)
+    return {"work": work, "first": first, "second": second, "inventory": inventory, "envvars": envvars}
+
+
+def read_parquet(python: Path, path: Path) -> dict:
+    script = (
+        "import json, sys, pyarrow.parquet as pq; t = pq.read_table(sys.argv[1]);"
+        "print(json.dumps({'schema': str(t.schema), 'rows': t.to_pylist()}))"
+    )
+    return json.loads(
+        subprocess.run([str(python), "-c", script, str(path)], capture_output=True, text=True, check=True).stdout
+    )
+
+
+def test_first_run_converges_and_second_changes_nothing(provisioned):
+    first, second = provisioned["first"], provisioned["second"]
+    assert first.rc == 0, first.stdout[-4000:]
+    assert first.stats["node"]["changed"] > 0
+    assert second.rc == 0, second.stdout[-4000:]
+    assert second.stats["node"]["changed"] == 0, second.stdout[-4000:]
+
+
+def test_gsm8k_is_in_verls_layout_value_by_value(provisioned, data_env):
+    data_dir = provisioned["work"] / "p40fleet" / "data" / "gsm8k"
+    for split, rows in content.GSM8K_ROWS.items():
+        table = read_parquet(data_env, data_dir / f"{split}.parquet")
+        assert [f.split(":")[0] for f in table["schema"].splitlines() if not f.startswith(" ")][:5] == [
+            "data_source",
+            "prompt",
+            "ability",
+            "reward_model",
+            "extra_info",
+        ]
+        assert len(table["rows"]) == len(rows)
+        for index, (row, (question, answer)) in enumerate(zip(table["rows"], rows, strict=True)):
+            assert row == {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer.rsplit("#### ", 1)[1].replace(",", "")},
+                "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+            }
+    grounds = [r["reward_model"]["ground_truth"] for r in read_parquet(data_env, data_dir / "train.parquet")["rows"]]
+    assert "1234" in grounds and "-5" in grounds and "-3000" in grounds
+
+
+def test_the_model_is_downloaded_and_verified(provisioned):
+    model_dir = provisioned["work"] / "p40fleet" / "models" / "Qwen2.5-0.5B-Instruct"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json"):
+        assert (model_dir / name).is_file(), name
+    verified = tool.verify_model(model_dir)
+    assert verified["problems"] == [] and verified["model_type"] == "qwen2" and verified["tensors"] > 10
+
+
+def test_the_token_is_in_no_file_the_run_left(provisioned, hub):
+    token = hub["token"].encode()
+    places = [provisioned["work"] / "p40fleet"]
+    places += [provisioned[run].artifact_dir.parent.parent for run in ("first", "second")]
+    found = []
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file() and token in path.read_bytes():
+                found.append(str(path))
+    assert found == []
+    assert provisioned["first"].stdout and token.decode() not in provisioned["first"].stdout
+    assert not (provisioned["work"] / "p40fleet" / f".hf-token-{os.environ.get('USER', 'root')}").exists()
+
+
+def test_a_truncated_model_is_refused(tmp_path):
+    repo = content.make_model(tmp_path)
+    weights = repo / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    problems = tool.verify_model(repo)["problems"]
+    assert any("truncated" in p for p in problems), problems
+    (repo / "config.json").write_text("{not json")
+    assert any("config.json" in p for p in tool.verify_model(repo)["problems"])
+
+
+def test_a_gated_model_without_the_token_fails_with_the_hubs_error(data_env, hub, tmp_path):
+    spec = {
+        "model_dir": str(tmp_path / "m"),
+        "model_source": "hub",
+        "model_repo": content.MODEL_REPO,
+        "model_revision": hub["model"],
+        "endpoint": hub["url"],
+        "model_allow_patterns": [],
+        "model_identity": "x",
+    }
+    env = {**os.environ, "HF_TOKEN_PATH": str(tmp_path / "none"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    done = subprocess.run(
+        [str(data_env), str(TOOL), "model", json.dumps(spec)], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode != 0
+    assert "GatedRepoError" in done.stderr or "401" in done.stderr
