@@ -8,9 +8,10 @@ import sys
 
 ENV_PYTHON = sys.argv[1]
 CUDNN_HEADER = pathlib.Path("/usr/local/cudnn-8.9.7-cuda11/include/cudnn_version.h")
-# verl is located, not imported: its import needs the GPU-only stack, which sandbox hosts lack.
+# verl and the apex package are located, not imported: their imports need the GPU-only stack, which sandbox
+# hosts lack; Apex's compiled extensions (apex_C, amp_C) are imported.
 STACK_PROBE = (
-    "import importlib.util, os, torch, apex; "
+    "import importlib.util, os, torch, apex_C, amp_C; assert importlib.util.find_spec('apex'); "
     "print(torch.__version__, torch.version.cuda, os.path.dirname(importlib.util.find_spec('verl').origin))"
 )
 
