@@ -8,9 +8,12 @@ the roles report or repair them.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import yaml
+
+from p40fleet.paths import REPO_ROOT
 
 pytestmark = pytest.mark.sandbox
 
@@ -20,6 +23,11 @@ ENV = "/opt/miniconda3/envs/verl-env"
 PY = f"{ENV}/bin/python"
 OWNER = "p40fleet"
 UP_TO_TORCH = "gpu_preflight,conda_env,pytorch"
+# The stand-in torch's BuildExtension logs each build here on the building host.
+EXTENSION_BUILDS = "/var/tmp/p40fleet-standin-extension-builds.log"
+APEX_DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "defaults" / "main.yml").read_text())
+APEX_MODULES = APEX_DEFAULTS["apex_cpp_extension_modules"] + APEX_DEFAULTS["apex_cuda_extension_modules"]
+BUILD_TOOLS = dict(line.split(" ", 1)[0].split("==") for line in APEX_DEFAULTS["apex_build_requirements"])
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +61,10 @@ def converged(play):
     first = play()
     second = play()
     return first, second
+
+
+def fleet_commit(fleet) -> str:
+    return yaml.safe_load((fleet.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())["apex_git_commit"]
 
 
 def sh(fleet, host, command, user=OWNER):
@@ -112,27 +124,68 @@ def test_torch_is_the_cu118_build_and_the_constraint_keeps_it(converged, fleet, 
 
 
 def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged, fleet, apex_cache):
-    builds = {h: sh(fleet, h, "cat /var/tmp/p40fleet-apex-standin-builds.log", user="root") for h in HOSTS}
+    builds = {h: sh(fleet, h, f"cat {EXTENSION_BUILDS}", user="root") for h in HOSTS}
     # Exactly one build in the whole fleet, on the first host, even after the second run.
     assert len(builds["node1"].stdout.splitlines()) == 1
     assert builds["node2"].returncode != 0 and builds["node3"].returncode != 0
     build = json.loads(builds["node1"].stdout)
-    assert (build["cpp_ext"], build["cuda_ext"], build["torch_cuda_arch_list"]) == (True, True, "6.1")
-    assert build["cuda_home"] == "/usr/local/cuda-11.8" and build["nvcc_release"] == "11.8"
+    # The real setup.py of the pinned commit, asked with --cpp_ext --cuda_ext, built every extension, with ninja.
+    assert build["extensions"] == APEX_MODULES
+    assert (build["ninja"], build["torch_cuda_arch_list"], build["nvcc_release"]) == (True, "6.1", "11.8")
+    assert build["cuda_home"] == "/usr/local/cuda-11.8"
     assert build["cc"] == "gcc" and int(build["max_jobs"]) >= 1
     cached = list(apex_cache.rglob("apex-*.whl"))
     assert len(cached) == 1
     hashes = {h: sh(fleet, h, "sha256sum /opt/p40fleet/apex-wheels/*/apex-*.whl").stdout.split()[0] for h in HOSTS}
     assert len(set(hashes.values())) == 1
+    modules = ", ".join(APEX_MODULES)
+    load_all = f"import json, torch, {modules}; "
+    load_all += f"print(json.dumps([json.loads(m.__p40fleet_standin_build__) for m in ({modules})]))"
     for host in HOSTS:
-        loaded = sh(
-            fleet,
-            host,
-            f"{PY} -c 'import apex, apex_C, amp_C; print(apex.BUILD_INFO[\"build_host\"], amp_C.arch_list())'",
-        )
-        assert loaded.stdout.split() == ["node1", "6.1"], loaded.stderr
+        loaded = sh(fleet, host, f"cd /tmp && {PY} -c {shlex.quote(load_all)}")
+        assert loaded.returncode == 0, loaded.stderr
+        stubs = json.loads(loaded.stdout)
+        assert {stub["host"] for stub in stubs} == {"node1"}
+        assert [stub["arch_list"] for stub in stubs] == [None] + ["6.1"] * 11
         marker = json.loads(sh(fleet, host, f"cat {ENV}/.p40fleet-apex.json").stdout)
         assert marker["built_by"] == "node1" and marker["key"] == cached[0].parent.name
+        assert marker["commit"] == fleet_commit(fleet)
+        tools = sh(fleet, host, f"{PY} -m pip list --format=json").stdout
+        versions = {d["name"].lower(): d["version"] for d in json.loads(tools)}
+        assert {name: versions.get(name) for name in BUILD_TOOLS} == BUILD_TOOLS
+
+
+def test_apex_built_with_only_the_environment_switches_fails_the_wheel_check(converged, fleet, play, apex_cache):
+    # A new key (arch 6.0) makes node2 build; APEX_CPP_EXT/APEX_CUDA_EXT alone are ignored by the pinned commit.
+    result = play(
+        limit="node2",
+        tags="apex",
+        extra_vars={"apex_extension_switches": "environment", "apex_torch_cuda_arch_list": "6.0"},
+    )
+    assert result.rc != 0
+    failures = result.host_failures("node2")
+    assert [f.task for f in failures] == [
+        "Ensure the wheel holds every extension module the pinned setup.py builds, built in parallel"
+    ]
+    message = failures[0].message
+    assert message.startswith("node2: the Apex build of commit")
+    assert "lacks the extension modules " + ", ".join(APEX_MODULES) + " (built: none)" in message
+    # Nothing reached the controller cache, and the installed Apex is still the fleet's.
+    assert [p.parent.name for p in apex_cache.rglob("apex-*.whl")] == [
+        json.loads(sh(fleet, "node2", f"cat {ENV}/.p40fleet-apex.json").stdout)["key"]
+    ]
+
+
+def test_apex_switch_off_skips_the_stage(converged, play):
+    bad_pin = {"apex_git_commit": "not-a-commit"}
+    # From -e the switch is a string; "false" must skip the stage before its input checks.
+    skipped = play(tags="apex", extra_vars={"apex_enabled": "false", **bad_pin})
+    assert skipped.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in skipped.failures]
+    assert {h: skipped.stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0)
+    enabled = play(limit="node1", tags="apex", extra_vars={"apex_enabled": "true", **bad_pin})
+    assert enabled.rc != 0
+    failed_tasks = [f.task for f in enabled.host_failures("node1")]
+    assert failed_tasks == ["Ensure the Apex inputs and the env they need are usable"]
 
 
 def test_verl_is_installed_editable_at_the_pinned_release(converged, fleet, sandbox_vars):
