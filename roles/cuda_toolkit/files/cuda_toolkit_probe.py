@@ -96,8 +96,13 @@ def private_dir_problems(path):
     (as /var/tmp is); a link on the way must belong to root, or its owner could point it elsewhere."""
     problems = []
     path = os.path.abspath(path)
-    if os.path.lexists(path):
+    try:
         info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as error:
+        return [f"{path} cannot be inspected ({error.strerror})"]
+    if info is not None:
         if not stat_module.S_ISDIR(info.st_mode):
             problems.append(f"{path} exists and is not a directory")
         elif info.st_uid != 0:
