@@ -53,7 +53,8 @@ def make_sandbox():
 @pytest.fixture(scope="session")
 def run_playbook():
     """run_playbook(playbook, inventory, limit=None, extra_vars=None, check=False, diff=False,
-    tags=None, skip_tags=None) -> RunResult (.rc, .stdout, .stats[host][ok|changed|failures|...],
+    tags=None, skip_tags=None, envvars=None, become_password_file=None)
+    -> RunResult (.rc, .stdout, .stats[host][ok|changed|failures|...],
     .failures: list of HostFailure(host, task, role, message))."""
 
     def run(
@@ -66,6 +67,7 @@ def run_playbook():
         tags: str | None = None,
         skip_tags: str | None = None,
         envvars: dict | None = None,
+        become_password_file: Path | None = None,
     ) -> RunResult:
         cmdline = []
         if limit:
@@ -81,6 +83,13 @@ def run_playbook():
         path = Path(playbook)
         if not path.is_absolute():
             path = REPO_ROOT / path
-        return _run_playbook(path, inventory, cmdline=cmdline, extravars=extra_vars, envvars=envvars)
+        return _run_playbook(
+            path,
+            inventory,
+            cmdline=cmdline,
+            extravars=extra_vars,
+            envvars=envvars,
+            become_password_file=become_password_file,
+        )
 
     return run

@@ -1,7 +1,9 @@
 """Privilege boundaries of the whole pipeline (issue 9), on one-host sandboxes running site.yml.
 
 Real fleets log in as an ordinary user with sudo: site.yml must converge and be idempotent that way and
-with root login. Root must never run code the env owner can write: a `.pth` file and a `sitecustomize.py`
+with root login. Password-less sudo is what molecule's default scenario and the demo use; here the ordinary
+user must type a sudo password (given as a file, as `p40fleet run --become-password-file` does).
+Root must never run code the env owner can write: a `.pth` file and a `sitecustomize.py`
 planted in the env's site-packages by the owner run whenever the env's Python starts, and each leaves a
 marker naming the uid it ran as. A re-run of every stage that touches the env may leave the owner's
 markers, never root's. (The CUDA runfile swapped after its download is in test_cuda_toolkit.py.)
@@ -44,15 +46,17 @@ def owner_sh(fleet: Sandbox, command: str) -> str:
     return result.stdout.strip()
 
 
-@pytest.fixture(scope="module", params=["sudo", "root"])
+@pytest.fixture(scope="module", params=["sudo-password", "root"])
 def converged(request, make_sandbox, run_playbook, tmp_path_factory):
     """A one-host P40 sandbox logging in as `request.param`, converged by site.yml twice."""
     fleet = make_sandbox(f"privileges-{request.param}", ["p40"], login=request.param)
     cache = tmp_path_factory.mktemp(f"apex-cache-{request.param}")
 
+    password = fleet.become_password_file if request.param == "sudo-password" else None
+
     def play(**kwargs):
         extra = {"apex_controller_cache_dir": str(cache), **kwargs.pop("extra_vars", {})}
-        return run_playbook(PLAYBOOK, fleet.inventory_dir, extra_vars=extra, **kwargs)
+        return run_playbook(PLAYBOOK, fleet.inventory_dir, extra_vars=extra, become_password_file=password, **kwargs)
 
     first = play()
     second = play()
