@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from p40fleet.paths import REPO_ROOT
-from p40fleet.sandbox import Sandbox
+from p40fleet.sandbox import LOGIN_USER, Sandbox
 
 pytestmark = pytest.mark.sandbox
 
@@ -218,8 +218,10 @@ TIERS = {
     "node18": 15000,
 }
 
-# Files an SSH login and Ansible's own remote tmp touch; anything else written is the role's doing.
-TOUCHED_BY_LOGIN = ("/root/.ansible", "/var/log/", "/run/", "/tmp/p40fleet-marker")
+# Files an SSH login and Ansible's own remote tmp touch (root's or the ordinary login user's home, whichever
+# the sandbox logs in as); anything else written is the role's doing.
+LOGIN_HOMES = ("/root", f"/home/{LOGIN_USER}")
+TOUCHED_BY_LOGIN = ("/root/.ansible", f"/home/{LOGIN_USER}/.ansible", "/var/log/", "/run/", "/tmp/p40fleet-marker")
 
 
 def published_facts(result, host: str) -> dict:
@@ -241,7 +243,9 @@ def written_since_marker(sandbox, host: str) -> list[str]:
     )
     assert found.returncode == 0, found.stderr
     return [
-        p for p in found.stdout.split() if not p.startswith(TOUCHED_BY_LOGIN) and p not in ("/root", "/tmp", "/run")
+        p
+        for p in found.stdout.split()
+        if not p.startswith(TOUCHED_BY_LOGIN) and p not in (*LOGIN_HOMES, "/tmp", "/run")
     ]
 
 
