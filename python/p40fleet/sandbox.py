@@ -569,9 +569,10 @@ class Sandbox:
             + yaml.safe_dump(inventory, sort_keys=False)
         )
         mirror = self._address(self.mirror_container)
-        logins = {h.login for h in hosts}
+        # Every host of a sandbox shares one login mode; only `--login root` logs in as root.
+        login_user = LOGIN_USER if any(h.login != "root" for h in hosts) else "root"
         sandbox_vars = {
-            "ansible_user": "root" if logins == {"root"} else LOGIN_USER,
+            "ansible_user": login_user,
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_private_key_file": str(self.key_file),
             "ansible_ssh_common_args": (
