@@ -93,3 +93,25 @@ def run_playbook():
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
+    """One P40 and one 2x P40 host taken through site.yml the way a new user would, shared by the tests of
+    the converged run (test_converged_run.py) and of the launch script (test_launch_script.py), since every
+    first converge of the whole pipeline costs minutes:
+    .preflight_only (--tags gpu_preflight on the fresh hosts), .dry_run (--check --diff on the fresh hosts),
+    .first and .second (two real runs), and .play(**run_playbook kwargs) for more."""
+    fleet = make_sandbox("site", ["p40", "p40x2"])
+    cache = tmp_path_factory.mktemp("site-apex-cache")
+
+    def play(**kwargs):
+        extra = {"apex_controller_cache_dir": str(cache), **kwargs.pop("extra_vars", {})}
+        return run_playbook("site.yml", fleet.inventory_dir, extra_vars=extra, **kwargs)
+
+    fleet.play = play
+    fleet.preflight_only = play(tags="gpu_preflight")
+    fleet.dry_run = play(check=True, diff=True)
+    fleet.first = play()
+    fleet.second = play()
+    return fleet
