@@ -109,9 +109,24 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
         extra = {"apex_controller_cache_dir": str(cache), **kwargs.pop("extra_vars", {})}
         return run_playbook("site.yml", fleet.inventory_dir, extra_vars=extra, **kwargs)
 
+    def observe(paths):
+        return {
+            (host.name, path): fleet.exec(host.name, f"test -e {path} || test -L {path}").returncode == 0
+            for host in fleet.hosts()
+            for path in paths
+        }
+
+    watched = [
+        "/etc/ansible/facts.d/p40fleet_preflight.fact",
+        "/var/lib/p40fleet/stages",
+        "/opt/miniconda3",
+        "/usr/local/cuda-11.8",
+    ]
     fleet.play = play
     fleet.preflight_only = play(tags="gpu_preflight")
+    fleet.after_preflight_only = observe(watched)
     fleet.dry_run = play(check=True, diff=True)
+    fleet.after_dry_run = observe(watched)
     fleet.first = play()
     fleet.second = play()
     return fleet

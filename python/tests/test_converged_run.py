@@ -13,7 +13,7 @@ import collections
 
 import pytest
 
-from tests.host_state import exists, sh
+from tests.host_state import sh
 
 pytestmark = pytest.mark.sandbox
 
@@ -86,10 +86,11 @@ def test_a_stage_runs_alone_on_a_fresh_host(fleet, fresh_runs):
     roles_that_ran = {role for (_, role) in executed(preflight_only, with_argument_checks=False)}
     # '' is the play's closing step, which records a verification only after a run through every stage.
     assert roles_that_ran <= {"gpu_preflight", "fleet_state", ""}, roles_that_ran
+    seen = fleet.after_preflight_only
     for host in HOSTS:
-        assert exists(fleet, host, "/etc/ansible/facts.d/p40fleet_preflight.fact")
-        assert not exists(fleet, host, RECORDS), host
-        assert not exists(fleet, host, "/opt/miniconda3"), host
+        assert seen[(host, "/etc/ansible/facts.d/p40fleet_preflight.fact")], host
+        assert not seen[(host, RECORDS)], host
+        assert not seen[(host, "/opt/miniconda3")], host
 
 
 def test_the_dry_run_finishes_on_a_fresh_host_and_names_every_stage(fleet, fresh_runs):
@@ -99,8 +100,8 @@ def test_the_dry_run_finishes_on_a_fresh_host_and_names_every_stage(fleet, fresh
         missing = [stage for stage in STAGES if stage not in changed_roles(dry_run, host)]
         assert missing == [], (host, dry_run.stdout[-3000:])
         # Nothing was installed by it.
-        assert not exists(fleet, host, "/usr/local/cuda-11.8"), host
-        assert not exists(fleet, host, RECORDS), host
+        assert not fleet.after_dry_run[(host, "/usr/local/cuda-11.8")], host
+        assert not fleet.after_dry_run[(host, RECORDS)], host
     plans = [
         event["event_data"]["res"].get("msg", "")
         for event in dry_run.events
