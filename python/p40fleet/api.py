@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p40fleet import fleet
-from p40fleet.inputs import ExtraVars, InventoryError, check_inputs, load_inventory, parse_extra_vars
+from p40fleet.inputs import ExtraVars, InventoryError, check_inputs, load_inventory, parse_extra_vars, typed
 from p40fleet.lock import inventory_lock
 from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import HostFailure, RunError, RunResult, ansible_env, run_playbook
@@ -262,7 +262,7 @@ def provision(
             playbook,
             inventory,
             cmdline=cmdline,
-            extravars=[*extra.items, generated] if generated else list(extra.items),
+            extravars=[*typed(extra), generated] if generated else typed(extra),
             progress=progress,
             become_password_file=become_password_file,
             state_dir=state,

@@ -105,8 +105,35 @@ def parse_extra_vars(arguments: Sequence[str] = ()) -> ExtraVars:
                     f"-e {argument}: {raw!r} is not key=value; give key=value, a JSON/YAML mapping, or @FILE"
                 )
                 continue
-            extra.items.append(data)
+            extra.items.append(KeyValues(data))
     return extra
+
+
+class KeyValues(dict):
+    """-e key=value pairs: every value a string, as ansible-playbook would pass them."""
+
+
+def typed(extra: ExtraVars, specs: Mapping[str, tuple[str, dict]] | None = None) -> list[dict | Path]:
+    """The -e items as the run gets them: a key=value string for a role variable becomes the type its
+    argument spec says (`apex_enabled=false` the bool false, `..._timeout=60` the int 60), as the
+    user meant; everything else passes as given."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    specs = specs if specs is not None else role_variable_specs()
+    items: list[dict | Path] = []
+    for item in extra.items:
+        if isinstance(item, KeyValues):
+            converted = {}
+            for name, value in item.items():
+                if name in specs and _is_literal(value):
+                    top = {k: v for k, v in specs[name][1].items() if k not in ("required", "default")}
+                    result = ArgumentSpecValidator({name: top}).validate({name: value})
+                    if not result.error_messages:
+                        value = result.validated_parameters[name]
+                converted[name] = value
+            item = converted
+        items.append(item)
+    return items
 
 
 @dataclass

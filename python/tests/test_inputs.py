@@ -205,3 +205,18 @@ def test_batches_and_forks_reach_the_play(tmp_path):
         inventory, playbook=playbook, serial="many", max_fail_percentage=101, forks=0, state_dir=tmp_path / "state"
     )
     assert refused.exit_code == api.EXIT_BAD_INPUT and len(refused.problems) == 3, refused.problems
+
+
+def test_key_value_strings_become_the_type_the_role_variable_has():
+    extra = inputs.parse_extra_vars(
+        [
+            "apex_enabled=false cuda_toolkit_installer_timeout=60 verl_pinned_version=0.5.0 other=1",
+            '{"apex_enabled": "no"}',
+            "gpu_preflight_min_cpus=many",
+        ]
+    )
+    assert inputs.typed(extra) == [
+        {"apex_enabled": False, "cuda_toolkit_installer_timeout": 60, "verl_pinned_version": "0.5.0", "other": "1"},
+        {"apex_enabled": "no"},  # JSON/YAML values are passed as they were typed
+        {"gpu_preflight_min_cpus": "many"},  # refused before the run, never guessed at
+    ]
