@@ -4,10 +4,12 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 PYTHON ?= python3
 SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates apt-utils gnupg
+# Tests only: headless Chromium renders the HTML fleet report into a screenshot.
+TEST_SYSTEM_PACKAGES := chromium
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo bench clean lock
+.PHONY: help deps system-deps test-deps venv fixtures lint pytest molecule test demo bench clean lock
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -24,6 +26,11 @@ system-deps:
 	  echo "Installing system packages (missing:$$missing)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); \
 	fi
+
+test-deps:
+	@command -v chromium >/dev/null || { echo "Installing test-only system packages: $(TEST_SYSTEM_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  $(TEST_SYSTEM_PACKAGES); }
 
 venv: $(VENV)/.installed
 
@@ -47,7 +54,7 @@ lint: venv
 molecule: deps
 	$(BIN)/molecule test --all
 
-pytest: deps
+pytest: deps test-deps
 	$(BIN)/pytest
 
 test: lint molecule pytest

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet.paths import REPO_ROOT, RUNS_DIR
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
 
 PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") is None
+# Runs the tests make are kept in the checkout's .runs/, not in the user's own state directory.
+os.environ["P40FLEET_STATE_DIR"] = str(RUNS_DIR / "pytest-state")
+# Screenshots and pages the tests leave for people to look at.
+TEST_OUTPUT = RUNS_DIR / "test-output"
 
 
 def pytest_collection_modifyitems(config, items):
