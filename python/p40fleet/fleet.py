@@ -11,6 +11,8 @@ and the last run each host took part in: its result, counts and first failure, v
 
 from __future__ import annotations
 
+import os
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -145,6 +147,52 @@ def _found(stages: dict, stage: str) -> dict:
     return ((stages.get(stage) or {}).get("found")) or {}
 
 
+def _dist_version(files: dict, dist: str, leaf: str) -> str | None:
+    """The version in an installed distribution's dist-info directory name (torch-2.6.0+cu118.dist-info)."""
+    pattern = re.compile(rf"/{re.escape(dist)}-([^/]+)\.dist-info/{re.escape(leaf)}$")
+    for path, identity in files.items():
+        match = pattern.search(path)
+        if match and identity:
+            return match.group(1)
+    return None
+
+
+def _file(files: dict, suffix: str) -> str | None:
+    return next((path for path, identity in files.items() if path.endswith(suffix) and identity), None)
+
+
+def stage_summary(stages: dict) -> dict[str, dict]:
+    """What each stage installed, read from the probe's findings (the files each stage owns, with their small
+    JSON records and text markers): the versions and paths a person asks for."""
+    found = {stage: _found(stages, stage) for stage in stages}
+    files = {stage: value.get("files") or {} for stage, value in found.items()}
+    records = {stage: value.get("json") or {} for stage, value in found.items()}
+    texts = {stage: value.get("text") or {} for stage, value in found.items()}
+    cuda_version = ((records.get("cuda_toolkit", {}).get("version") or {}).get("cuda") or {}).get("version")
+    cuda_json = _file(files.get("cuda_toolkit", {}), "/version.json")
+    patches = records.get("verl_patches", {}).get("record") or {}
+    identity = patches.get("identity") or {}
+    head = (texts.get("verl", {}).get("head") or "").strip()
+    return {
+        "cuda_toolkit": {"version": cuda_version, "home": os.path.dirname(cuda_json) if cuda_json else None},
+        "cudnn": {"version": (records.get("cudnn", {}).get("record") or {}).get("version")},
+        "pytorch": {"torch": _dist_version(files.get("pytorch", {}), "torch", "METADATA")},
+        "apex": {
+            "version": _dist_version(files.get("apex", {}), "apex", "RECORD"),
+            "key": (records.get("apex", {}).get("marker") or {}).get("key"),
+        },
+        "verl": {
+            "version": _dist_version(files.get("verl", {}), "verl", "direct_url.json"),
+            "head": head if re.fullmatch(r"[0-9a-f]{40}", head) else None,
+        },
+        "verl_patches": {
+            "state": "patched" if patches else None,
+            "patch_set": identity.get("patch_set") or identity.get("id"),
+        },
+        "launch_script": {"path": _file(files.get("launch_script", {}), ".sh")},
+    }
+
+
 def _gpu_text(preflight: dict) -> tuple[str | None, int | None]:
     profile = preflight.get("profile") or {}
     if preflight.get("has_gpu") is False:
@@ -177,17 +225,15 @@ def host_record(name: str, saved: dict) -> HostRecord:
     record.os = preflight.get("os")
     record.profile = profile.get("name")
     record.profile_reasons = list(profile.get("reasons") or [])
-    cuda = _found(stages, "cuda_toolkit")
-    record.cuda = cuda.get("version") or cuda.get("nvcc_release")
-    record.cuda_home = cuda.get("home")
-    record.cudnn = _found(stages, "cudnn").get("version")
-    record.torch = _found(stages, "pytorch").get("torch")
-    record.apex = _found(stages, "apex").get("version")
-    verl = _found(stages, "verl")
-    record.verl, record.verl_head = verl.get("version"), verl.get("head")
-    patches = _found(stages, "verl_patches")
-    record.patch_set, record.patch_state = patches.get("patch_set"), patches.get("state")
-    record.launch_script = _found(stages, "launch_script").get("path")
+    summary = stage_summary(stages)
+    record.cuda = summary["cuda_toolkit"]["version"]
+    record.cuda_home = summary["cuda_toolkit"]["home"]
+    record.cudnn = summary["cudnn"]["version"]
+    record.torch = summary["pytorch"]["torch"]
+    record.apex = summary["apex"]["version"]
+    record.verl, record.verl_head = summary["verl"]["version"], summary["verl"]["head"]
+    record.patch_set, record.patch_state = summary["verl_patches"]["patch_set"], summary["verl_patches"]["state"]
+    record.launch_script = summary["launch_script"]["path"]
     record.drift = {stage: list(spec["drift"]) for stage, spec in stages.items() if spec and spec.get("drift")}
     record.verified_at = (probe.get("verified") or {}).get("at")
     error = saved.get("probe_error")

@@ -57,19 +57,41 @@ def preflight(gpus: list[str], driver: str, reasons=REASONS) -> dict:
     }
 
 
+SITE = "/opt/miniconda3/envs/verl-env/lib/python3.10/site-packages"
+FILE = {"uid": 0, "mode": "0644", "sha256": "ab" * 32}
+
+
 def stages(drift: dict | None = None) -> dict:
+    """Findings shaped as roles/fleet_state/library/fleet_state_probe.py returns them."""
     drift = drift or {}
     found = {
-        "host_prereqs": {"missing": []},
-        "cuda_toolkit": {"home": "/usr/local/cuda-11.8", "version": "11.8.20220929", "nvcc_release": "11.8"},
-        "cudnn": {"prefix": "/usr/local/cuda-11.8", "version": "8.9.7"},
-        "conda_env": {"env_dir": "/opt/miniconda3/envs/verl-env", "python_version": "3.10", "owner": "p40fleet"},
-        "pytorch": {"torch": "2.6.0+cu118", "torchvision": "0.21.0+cu118", "torchaudio": "2.6.0+cu118"},
-        "apex": {"version": "0.1", "key": "py310-torch2.6.0-cu118-sm61"},
-        "verl": {"version": "0.4.1", "head": "4f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c", "editable": True},
-        "verl_patches": {"state": "patched", "patch_set": "verl-0.4.1"},
-        "training_data": {"dataset_ok": True, "model_ok": True, "model": "Qwen/Qwen2.5-0.5B-Instruct"},
-        "launch_script": {"path": "/home/p40fleet/train_gsm8k_ppo.sh", "sha256": "ab" * 32},
+        "host_prereqs": {"files": {}, "json": {}, "text": {}},
+        "cuda_toolkit": {
+            "files": {"/usr/local/cuda-11.8/version.json": FILE, "/usr/local/cuda": None},
+            "json": {"version": {"cuda": {"name": "CUDA SDK", "version": "11.8.20220929"}}},
+        },
+        "cudnn": {"files": {}, "json": {"record": {"prefix": "/usr/local/cudnn-8.9.7-cuda11", "version": "8.9.7"}}},
+        "conda_env": {"files": {"/opt/miniconda3/envs/verl-env": {"uid": 1001, "mode": "0755", "dir": True}}},
+        "pytorch": {
+            "files": {
+                f"{SITE}/torch-2.6.0+cu118.dist-info/METADATA": FILE,
+                f"{SITE}/torchvision-0.21.0+cu118.dist-info/METADATA": FILE,
+            }
+        },
+        "apex": {
+            "files": {f"{SITE}/apex-0.1.dist-info/RECORD": FILE},
+            "json": {"marker": {"key": "py3.10-torch2.6.0+cu118-cuda11.8-arch6.1-cpp1cuda1-apex810ffae374a2"}},
+        },
+        "verl": {
+            "files": {f"{SITE}/verl-0.4.1.dist-info/direct_url.json": FILE},
+            "text": {"head": "4f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c\n"},
+        },
+        "verl_patches": {
+            "files": {},
+            "json": {"record": {"identity": {"patch_set": "verl-0.4.1", "verl_version": "0.4.1"}, "files": {}}},
+        },
+        "training_data": {"files": {}, "json": {}},
+        "launch_script": {"files": {"/home/p40fleet/train_gsm8k_ppo.sh": FILE, "/home/p40fleet/x-compose.py": FILE}},
     }
     return {stage: {"found": value, "drift": list(drift.get(stage, []))} for stage, value in found.items()}
 
@@ -378,7 +400,9 @@ def test_refresh_runs_the_state_playbook_and_keeps_each_probe(tmp_path, monkeypa
     assert code == cli.EXIT_HOSTS_UNREACHABLE
     assert seen["playbook"] == playbook
     saved = StateDir(state_dir).inventory(inventory).read_hosts()["hosts"]
-    assert saved["node1"]["probe"]["stages"]["pytorch"]["found"]["torch"] == "2.6.0+cu118"
+    assert (
+        f"{SITE}/torch-2.6.0+cu118.dist-info/METADATA" in saved["node1"]["probe"]["stages"]["pytorch"]["found"]["files"]
+    )
     assert "last_run" not in saved["node1"]  # a refresh reads, it is no run of the playbook
     assert saved["node2"]["probe_error"]["state"] == "unreachable"
     assert StateDir(state_dir).inventory(inventory).read_last_report() is None

@@ -44,7 +44,8 @@ options:
   stages:
     description: >-
       Stage name -> {inputs (dict), files (paths or globs), absent (paths), requires (paths), packages (bool:
-      the recorded dpkg packages must be installed), json (name -> path of a small JSON file to return)}.
+      the recorded dpkg packages must be installed), json and text (name -> path of a small JSON or text file to
+      return as it is, for reports)}.
     type: dict
     default: {}
   stage:
@@ -122,6 +123,15 @@ def expand(patterns: list[str]) -> dict[str, dict | None]:
         else:
             files[pattern] = identity(pattern)
     return files
+
+
+def read_text(path: str, limit: int = 4096) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            return handle.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def read_json(path: str):
@@ -215,6 +225,7 @@ def probe(params: dict, check_mode: bool) -> dict:
             "found": {
                 "files": files,
                 "json": {key: read_json(path) for key, path in (spec.get("json") or {}).items()},
+                "text": {key: read_text(path) for key, path in (spec.get("text") or {}).items()},
                 "recorded_at": (record or {}).get("at") if isinstance(record, dict) else None,
             },
             "drift": drift,
