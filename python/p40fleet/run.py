@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ansible_runner
 
-from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT, RUNS_DIR
+from p40fleet.paths import ANSIBLE_CONFIG, RUNS_DIR, SANDBOX_DIR
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
 
@@ -125,7 +125,7 @@ def run_playbook(
         **(envvars or {}),
     }
     inventory = Path(inventory).resolve()
-    if inventory.is_relative_to(REPO_ROOT / ".sandbox"):
+    if inventory.is_relative_to(SANDBOX_DIR):
         # Sandboxes reuse host names (node1...): keep their fact caches apart.
         env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(inventory.parent / "fact_cache"))
     runner = ansible_runner.run(
