@@ -46,7 +46,7 @@ def test_the_collection_holds_every_role_and_playbook(built):
     files = packed_files(built)
     for role in sorted(p.name for p in (REPO_ROOT / "roles").iterdir() if p.is_dir()):
         assert f"roles/{role}/meta/main.yml" in files, role
-    for required in ("site.yml", "ansible.cfg", "playbooks/verify.yml", "meta/runtime.yml"):
+    for required in ("site.yml", "ansible.cfg", "playbooks/verify.yml", "playbooks/pins.yml", "meta/runtime.yml"):
         assert required in files
     assert [f for f in files if f.startswith(CHECKOUT_ONLY) or f == "inventory/hosts.yml"] == []
 
