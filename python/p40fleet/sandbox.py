@@ -107,7 +107,7 @@ def _podman_env() -> dict[str, str]:
 
 def podman(*args: str, check: bool = True, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
     if shutil.which("podman") is None:
-        raise SandboxError("podman is not installed: run `make deps` (it installs podman, runc and debootstrap)")
+        raise SandboxError("podman is not installed: run `make sandbox-deps` (podman, runc, debootstrap)")
     result = subprocess.run(["podman", *args], env=_podman_env(), capture_output=True, input=input_bytes, check=False)
     if check and result.returncode != 0:
         stderr = result.stderr.decode(errors="replace").strip()
@@ -146,7 +146,7 @@ def _stop_gpg_agent() -> None:
 def signing_key() -> tuple[str, bytes]:
     """The key that signs the sandbox apt repositories, made once per cache: (fingerprint, public key)."""
     if shutil.which("gpg") is None:
-        raise SandboxError("gpg is not installed: run `make deps`")
+        raise SandboxError("gpg is not installed: run `make sandbox-deps`")
     home = APT_DIR / "gnupg"
     with _locked("apt-signing-key"):
         if not (home / "done").exists():
@@ -215,7 +215,7 @@ def _build_apt_repo(rootfs: Path, packages: list[str], repo: Path, fingerprint: 
     for deb in archives.glob("*.deb"):
         shutil.move(deb, staging / deb.name)
     if shutil.which("apt-ftparchive") is None:
-        raise SandboxError("apt-ftparchive is not installed: run `make deps` (package apt-utils)")
+        raise SandboxError("apt-ftparchive is not installed: run `make sandbox-deps` (package apt-utils)")
     packages_index = subprocess.run(
         ["apt-ftparchive", "packages", "."], cwd=staging, capture_output=True, check=True
     ).stdout
@@ -269,7 +269,7 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
         if image_exists and (repo / "InRelease").exists():
             return tag
         if shutil.which("debootstrap") is None:
-            raise SandboxError("debootstrap is not installed: run `make deps`")
+            raise SandboxError("debootstrap is not installed: run `make sandbox-deps`")
         fingerprint, public_key = signing_key()
         with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix="rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
