@@ -471,15 +471,18 @@ def write_wheel_index(wheels_dir: Path, downloads: Sequence[Download]) -> None:
     _write_atomically(wheels_dir / "index.html", "\n".join(lines) + "\n")
 
 
-def write_checksums(out_dir: Path) -> Path:
-    entries = []
-    for path in sorted(out_dir.rglob("*")):
-        rel = path.relative_to(out_dir)
-        if not path.is_file() or rel.parts[0] == "SHA256SUMS" or (rel.parts[0] == GIT_DIR and len(rel.parts) > 2):
-            continue
-        if path.name.endswith(".partial") or any(part.startswith(".") for part in rel.parts):
-            continue
-        entries.append(f"{sha256_of(path)}  {rel.as_posix()}")
+def prune_wheels(wheels_dir: Path, downloads: Sequence[Download]) -> list[Path]:
+    """Remove what an earlier bundle left in wheels/ that no pin wants any more (a wheel of an old lock)."""
+    wanted = {d.dest for d in downloads} | {wheels_dir / "index.html"}
+    stale = [p for p in wheels_dir.iterdir() if p.is_file() and p not in wanted] if wheels_dir.is_dir() else []
+    for path in stale:
+        path.unlink()
+    return stale
+
+
+def write_checksums(out_dir: Path, files: Iterable[Path]) -> Path:
+    """SHA256SUMS: the bundle's own files (what else is in the directory is not the bundle's)."""
+    entries = [f"{sha256_of(path)}  {path.relative_to(out_dir).as_posix()}" for path in sorted(set(files))]
     target = out_dir / "SHA256SUMS"
     _write_atomically(target, "\n".join(entries) + "\n")
     return target
@@ -513,11 +516,15 @@ def make_bundle(
     console.print(f"Bundling for {len(pins)} host(s) into {out_dir}")
     downloads = bundle_downloads(pins, out_dir, fetcher.session)
     outcomes = fetcher.fetch_all(downloads)
+    for path in prune_wheels(out_dir / WHEELS_DIR, downloads):
+        console.print(f"  {'removed':10} {path} (no pin wants it)", soft_wrap=True)
     write_wheel_index(out_dir / WHEELS_DIR, downloads)
     repositories = {pin.name: bundle_repository(pin, out_dir, console) for pin in repository_pins(pins)}
     for name, state in repositories.items():
         console.print(f"  {state:10} {out_dir / GIT_DIR / name}.git", soft_wrap=True)
-    write_checksums(out_dir)
+    files = [d.dest for d in downloads] + [out_dir / WHEELS_DIR / "index.html"]
+    files += [out_dir / GIT_DIR / f"{name}.bundle" for name in repositories]
+    write_checksums(out_dir, files)
     notes = []
     if any(host.verl["install_vllm"] for host in pins):
         notes.append("vLLM is not bundled (verl_install_vllm): its wheel URL is unverified and has no sha256 pin.")

@@ -36,7 +36,6 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 # Bytes per read from the network: what a cut connection loses of the block it was reading.
 NETWORK_CHUNK = 1 << 16
-USER_AGENT = "p40fleet-fetch"
 
 
 class FetchError(RuntimeError):
@@ -107,7 +106,6 @@ class Fetcher:
     ) -> None:
         self.console = console or Console(stderr=True, highlight=False)
         self.session = session or requests.Session()
-        self.session.headers.setdefault("User-Agent", USER_AGENT)
         self.retries = retries
         self.timeout = timeout
         self.backoff = backoff
@@ -144,7 +142,12 @@ class Fetcher:
             except BlockingIOError:
                 raise FetchError(f"{dest}: another p40fleet is downloading it right now ({partial})") from None
             resumed_from = handle.tell()
-            transferred = self._transfer(download, handle, progress)
+            try:
+                transferred = self._transfer(download, handle, progress)
+            except FetchError:
+                if handle.tell() == 0:
+                    partial.unlink()  # nothing to resume from
+                raise
             handle.flush()
             os.fsync(handle.fileno())
             digest = sha256_of(partial)

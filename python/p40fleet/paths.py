@@ -41,8 +41,8 @@ def _packaged_collection() -> Path:
     return collection
 
 
-def _user_dir(override: str, xdg: str, fallback: str) -> Path:
-    if os.environ.get(override):
+def _user_dir(override: str | None, xdg: str, fallback: str) -> Path:
+    if override and os.environ.get(override):
         return Path(os.environ[override]).expanduser()
     base = os.environ.get(xdg)
     return (Path(base) if base else Path.home() / fallback) / "p40fleet"
@@ -71,7 +71,7 @@ if CHECKOUT is not None:
     STANDINS_DIR = CHECKOUT / "python" / "tests" / "fixtures" / "standins"
     UPSTREAM_LIST = CHECKOUT / "python" / "tests" / "fixtures" / "upstream.txt"
 else:
-    CACHE_DIR = _user_dir("P40FLEET_CACHE_DIR", "XDG_CACHE_HOME", ".cache")
+    CACHE_DIR = _user_dir(None, "XDG_CACHE_HOME", ".cache")
     SANDBOX_DIR = STATE_DIR / "sandbox"
     RUNS_DIR = STATE_DIR / "runs"
 
