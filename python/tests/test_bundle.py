@@ -200,6 +200,59 @@ def test_a_commit_pin_is_kept_on_a_branch_of_the_served_repository(upstream_repo
     assert git("rev-parse", "HEAD", cwd=tmp_path / "git" / "apex.git") == released
 
 
+MIRROR_SOURCES = {
+    # host: (its variables, lines its env's pip.conf must hold, lines it must not, apex repository, verl repository)
+    "upstream": (
+        {},
+        ["index-url = https://download.pytorch.org/whl/cu118", "extra-index-url = https://pypi.org/simple"],
+        ["no-index = true", "find-links", "trusted-host"],
+        "https://github.com/NVIDIA/apex.git",
+        "https://github.com/volcengine/verl.git",
+    ),
+    "plain-http-mirror": (
+        {"artifact_fetch_mirror_base_url": "http://mirror.example.internal:8080/bundle/",
+         "pytorch_source": "mirror", "apex_git_source": "mirror", "verl_git_source": "mirror"},
+        ["no-index = true", "find-links = http://mirror.example.internal:8080/bundle/wheels/",
+         "trusted-host = mirror.example.internal"],
+        ["index-url"],
+        "http://mirror.example.internal:8080/bundle/git/apex.git",
+        "http://mirror.example.internal:8080/bundle/git/verl.git",
+    ),
+    "https-mirror-of-its-own": (
+        {"artifact_fetch_mirror_base_url": "http://unused.example.internal", "pytorch_source": "mirror",
+         "pytorch_mirror_url": "https://wheels.example.internal/b", "pytorch_find_links": ["https://x.invalid/"],
+         "pytorch_trusted_hosts": ["x.invalid"]},
+        ["no-index = true", "find-links = https://wheels.example.internal/b/wheels/"],
+        ["trusted-host", "x.invalid", "index-url"],
+        "https://github.com/NVIDIA/apex.git",
+        "https://github.com/volcengine/verl.git",
+    ),
+}  # fmt: skip
+
+
+def test_each_role_reads_the_bundle_on_the_mirror_in_its_mirror_source(tmp_path):
+    from p40fleet.run import run_playbook
+
+    inventory = tmp_path / "inventory"
+    (inventory / "host_vars").mkdir(parents=True)
+    hosts = {name: {"ansible_host": "192.0.2.1"} for name in MIRROR_SOURCES}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    for name, (variables, *_) in MIRROR_SOURCES.items():
+        (inventory / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(variables))
+    result = run_playbook(REPO_ROOT / "python" / "tests" / "playbooks" / "mirror_sources.yml", inventory / "hosts.yml")
+    assert result.rc == 0, result.stdout
+    reported = {
+        e["event_data"]["host"]: e["event_data"]["res"]["msg"] for e in result.events if e["event"] == "runner_on_ok"
+    }
+    for name, (_, present, absent, apex, verl) in MIRROR_SOURCES.items():
+        lines = reported[name]["pip_conf"].splitlines()
+        for line in present:
+            assert line in lines, (name, line, lines)
+        for fragment in absent:
+            assert not any(fragment in line for line in lines if not line.startswith("#")), (name, fragment)
+        assert (reported[name]["apex"], reported[name]["verl"]) == (apex, verl), name
+
+
 # -- the expensive one: a fresh sandbox host provisions from a bundle alone ----------------------------
 
 
