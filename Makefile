@@ -9,11 +9,13 @@ CONTROLLER_PACKAGES := openssh-client git ca-certificates
 # Only the sandbox and the tests: podman, runc and debootstrap build and run the sandbox hosts (nothing is pulled
 # from a registry); apt-ftparchive (apt-utils) and gpg index and sign the sandbox's own apt repository.
 SANDBOX_PACKAGES := podman runc debootstrap apt-utils gnupg
+# Tests only: headless Chromium renders the HTML fleet report into a screenshot.
+TEST_SYSTEM_PACKAGES := chromium
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps controller-deps sandbox-deps sandbox-system-deps venv fixtures lint pytest molecule test demo \
-  bench clean lock
+.PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps venv fixtures lint pytest molecule \
+  test demo bench clean lock
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -42,6 +44,11 @@ sandbox-system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SANDBOX_PACKAGES); \
 	fi
 
+test-deps:
+	@command -v chromium >/dev/null || { echo "Installing test-only system packages: $(TEST_SYSTEM_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  $(TEST_SYSTEM_PACKAGES); }
+
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
@@ -65,7 +72,7 @@ lint: venv
 molecule: sandbox-deps
 	$(BIN)/molecule test --all
 
-pytest: sandbox-deps
+pytest: sandbox-deps test-deps
 	$(BIN)/pytest
 
 test: lint molecule pytest

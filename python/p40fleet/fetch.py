@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import re
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -304,7 +305,9 @@ def read_pins(inventory: Path | str, limit: str | None = None, extravars: dict |
     if not inventory.exists():
         raise FetchError(f"inventory {inventory} not found: copy inventory/hosts.example.yml and edit it")
     cmdline = ["--limit", limit] if limit else []
-    result = run_playbook(PINS_PLAYBOOK, inventory, cmdline=cmdline, extravars=extravars)
+    # Not a run of the fleet: its runner files stay out of the inventory's run history (the state directory).
+    with tempfile.TemporaryDirectory(prefix="p40fleet-pins-") as state_dir:
+        result = run_playbook(PINS_PLAYBOOK, inventory, cmdline=cmdline, extravars=extravars, state_dir=state_dir)
     if result.failures or result.rc != 0:
         problems = "; ".join(f"{f.host}: {f.message}" for f in result.failures) or result.stdout[-2000:]
         raise FetchError(f"reading the pins from {inventory} failed: {problems}")

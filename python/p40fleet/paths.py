@@ -3,12 +3,12 @@
 Run from a checkout (this file is <checkout>/python/p40fleet/paths.py, as after `pip install -e .`), the
 playbooks and roles are the checkout's own and state stays in its git-ignored dot directories, as always.
 Installed from the wheel, they are the copy of the collection the wheel carries (p40fleet/collection/, found
-with importlib.resources; setup.py puts it there) and state goes to the user's state directory
-(P40FLEET_STATE_DIR, else $XDG_STATE_HOME/p40fleet, else ~/.local/state/p40fleet).
+with importlib.resources; setup.py puts it there). Runs keep their state in the state directory either way
+(p40fleet.state).
 
-What only the sandbox and the tests use (the repository itself, the stand-ins, the test fixtures) exists in a
-checkout only: reading REPO_ROOT, STANDINS_DIR, UPSTREAM_LIST or UPSTREAM_DIR elsewhere raises
-CheckoutRequired, which says so.
+What only the sandbox and the tests use (the repository itself, the stand-ins, the test fixtures, the tests'
+output) exists in a checkout only: reading REPO_ROOT, STANDINS_DIR, UPSTREAM_LIST, UPSTREAM_DIR or RUNS_DIR
+elsewhere raises CheckoutRequired, which says so.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
+
+from p40fleet.state import default_state_dir
 
 
 class CheckoutRequired(RuntimeError):
@@ -41,11 +43,9 @@ def _packaged_collection() -> Path:
     return collection
 
 
-def _user_dir(override: str | None, xdg: str, fallback: str) -> Path:
-    if override and os.environ.get(override):
-        return Path(os.environ[override]).expanduser()
-    base = os.environ.get(xdg)
-    return (Path(base) if base else Path.home() / fallback) / "p40fleet"
+def _user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "p40fleet"
 
 
 # The checkout this p40fleet runs from, or None when it is installed from the wheel.
@@ -58,28 +58,26 @@ ANSIBLE_CONFIG = ANSIBLE_DIR / "ansible.cfg"
 ROLES_DIR = ANSIBLE_DIR / "roles"
 PLAYBOOKS_DIR = ANSIBLE_DIR / "playbooks"
 
-# The user's own state directory; an installed p40fleet keeps its runs there.
-STATE_DIR = _user_dir("P40FLEET_STATE_DIR", "XDG_STATE_HOME", ".local/state")
-
 if CHECKOUT is not None:
     CACHE_DIR = CHECKOUT / ".cache"
     SANDBOX_DIR = CHECKOUT / ".sandbox"
-    RUNS_DIR = CHECKOUT / ".runs"
     # Checkout-only (see the module docstring).
+    RUNS_DIR = CHECKOUT / ".runs"
     REPO_ROOT = CHECKOUT
     UPSTREAM_DIR = CACHE_DIR / "upstream"
     STANDINS_DIR = CHECKOUT / "python" / "tests" / "fixtures" / "standins"
     UPSTREAM_LIST = CHECKOUT / "python" / "tests" / "fixtures" / "upstream.txt"
 else:
-    CACHE_DIR = _user_dir(None, "XDG_CACHE_HOME", ".cache")
-    SANDBOX_DIR = STATE_DIR / "sandbox"
-    RUNS_DIR = STATE_DIR / "runs"
+    CACHE_DIR = _user_cache_dir()
+    # No sandbox outside a checkout (p40fleet.sandbox says so); no inventory is ever under this.
+    SANDBOX_DIR = default_state_dir() / "sandbox"
 
 _CHECKOUT_ONLY = {
     "REPO_ROOT": "the p40fleet repository",
     "UPSTREAM_DIR": "the test fixtures fetched from upstream",
     "STANDINS_DIR": "the sandbox's stand-in artifacts",
     "UPSTREAM_LIST": "the list of upstream test fixtures",
+    "RUNS_DIR": "the tests' and the demo's output",
 }
 
 

@@ -8,9 +8,10 @@ with a plain static server is the hosts' only source, and site.yml provisions a 
 
 What this does not cover, honestly: the stages the bundle does not feed are kept out of the bundle-fed run.
 host_prereqs runs first, while the sandbox's apt mirror is up (system packages come from the fleet's OS mirror,
-not from a bundle); training_data and launch_script are skipped (the Hub's dataset and model are not in a
-bundle). conda_env's stand-in makes venvs and needs no conda channel; a real Miniconda needs one (see
-p40fleet.bundle). One host, to keep CI time down.
+not from a bundle); the bundle-fed run is site.yml with the tags of the stages up to verl_patches, so
+training_data and launch_script do not run (the Hub's dataset and model are not in a bundle). conda_env's
+stand-in makes venvs and needs no conda channel; a real Miniconda needs one (see p40fleet.bundle). One host,
+to keep CI time down.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ from tests.http_server import FileServer, serve_directory, serve_files
 
 ENV_PYTHON = "/opt/miniconda3/envs/verl-env/bin/python"
 PORT = 8080
-BUNDLE_STAGES_SKIPPED = "training_data,launch_script"
+# site.yml's tags for the stages the bundle feeds (a stage's tag also runs the stages it needs): host_prereqs,
+# cuda_toolkit, cudnn, conda_env, pytorch, apex, verl and verl_patches, after preflight.
+BUNDLE_STAGES = "gpu_preflight,cudnn,apex,verl_patches"
 
 
 # -- the parts, without containers ----------------------------------------------------------------------
@@ -312,6 +315,8 @@ def test_the_bundle_holds_every_pinned_file_verified(bundle_dir, fleet):
 @pytest.mark.sandbox
 def test_a_fresh_host_provisions_from_the_bundle_alone(fleet, run_playbook, bundle_server):
     base_url, container = bundle_server
+    # Not site.yml --tags host_prereqs: on a fresh host its verify-only check runs too (tags [verify, never]
+    # inherit host_prereqs) and reads the probe from before the install.
     prereqs = run_playbook("python/tests/playbooks/host_prereqs.yml", fleet.inventory_dir)
     assert prereqs.rc == 0, prereqs.stdout
     podman("stop", "-t", "0", fleet.mirror_container)
@@ -331,7 +336,7 @@ def test_a_fresh_host_provisions_from_the_bundle_alone(fleet, run_playbook, bund
     host_vars.mkdir(exist_ok=True)
     (host_vars / "node1.yml").write_text("---\n" + yaml.safe_dump(bundle_vars))
 
-    result = run_playbook("site.yml", fleet.inventory_dir, skip_tags=BUNDLE_STAGES_SKIPPED)
+    result = run_playbook("site.yml", fleet.inventory_dir, tags=BUNDLE_STAGES)
     assert result.rc == 0, result.stdout
     assert result.failures == []
     assert result.stats["node1"]["changed"] > 0
@@ -349,6 +354,6 @@ def test_a_fresh_host_provisions_from_the_bundle_alone(fleet, run_playbook, bund
         assert origin == f"{base_url}/git/{name}.git"
     assert f"find-links = {base_url}/wheels/" in sh(fleet, "node1", "cat /opt/miniconda3/envs/verl-env/pip.conf")
 
-    again = run_playbook("site.yml", fleet.inventory_dir, skip_tags=BUNDLE_STAGES_SKIPPED)
+    again = run_playbook("site.yml", fleet.inventory_dir, tags=BUNDLE_STAGES)
     assert again.rc == 0, again.stdout
     assert again.stats["node1"]["changed"] == 0

@@ -1,6 +1,6 @@
 """gpu_preflight's decisions without containers: recorded and synthetic probe answers, one verdict each.
 
-The probe (files/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
+The probe (library/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
 judgement (tasks/assess.yml) runs in a local ansible-playbook against fake hosts whose probe report
 is given, so every GPU, driver, kernel module, OS and disk situation is paired with its exact verdict.
 """
@@ -29,7 +29,7 @@ GIB = 1 << 30
 
 
 def load_probe():
-    spec = importlib.util.spec_from_file_location("gpu_preflight_probe", ROLE / "files" / "gpu_preflight_probe.py")
+    spec = importlib.util.spec_from_file_location("gpu_preflight_probe", ROLE / "library" / "gpu_preflight_probe.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -307,7 +307,7 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
         hosts[host] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
-            "gpu_preflight_probe": {"stdout": json.dumps(found)},
+            "gpu_preflight_probe": {"report": found},
             **host_vars,
         }
     inventory = tmp_path / "hosts.yml"
@@ -485,6 +485,7 @@ def sandbox_report(profile_name: str) -> dict:
 SANDBOX_PROFILES = {
     "p40": ("accepted", "pascal"),
     "p40-old-smi": ("accepted", "pascal"),
+    "p40-upgraded": ("accepted", "pascal"),
     "p40-upgraded-unloaded": (
         "refused",
         [

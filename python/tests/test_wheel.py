@@ -78,7 +78,7 @@ def test_the_installed_package_finds_its_own_roles_and_refuses_the_sandbox(insta
         "import json, p40fleet.paths as p\n"
         "try:\n    p.STANDINS_DIR\n    refused = ''\nexcept p.CheckoutRequired as error:\n    refused = str(error)\n"
         "print(json.dumps({'checkout': str(p.CHECKOUT), 'ansible_dir': str(p.ANSIBLE_DIR),"
-        " 'site': str(p.SITE_PLAYBOOK), 'runs': str(p.RUNS_DIR), 'refused': refused}))"
+        " 'site': str(p.SITE_PLAYBOOK), 'refused': refused}))"
     )
     env = installed_env(installed)
     result = run([installed["venv"] / "bin" / "python", "-c", probe], cwd=installed["work"], env=env)
@@ -88,7 +88,6 @@ def test_the_installed_package_finds_its_own_roles_and_refuses_the_sandbox(insta
     assert paths["checkout"] == "None"
     assert paths["ansible_dir"] == str(site_packages / "p40fleet" / "collection")
     assert Path(paths["site"]).is_file()
-    assert paths["runs"] == str(installed["state"] / "runs")
     assert "a p40fleet checkout is needed" in paths["refused"]
 
     sandbox = run([installed["venv"] / "bin" / "p40fleet", "sandbox", "profiles"], cwd=installed["work"], env=env)
@@ -96,46 +95,23 @@ def test_the_installed_package_finds_its_own_roles_and_refuses_the_sandbox(insta
     assert "checkout" in sandbox.stderr and "Traceback" not in sandbox.stderr
 
 
-# gpu_preflight and host_prereqs with the installed package's roles. Not `site.yml --tags gpu_preflight`: on a
-# fresh host that fails at this commit, with or without the package (the later stages' always-tagged probes
-# become the env owner, whom conda_env has not created yet).
-PREFLIGHT_AND_PREREQS = """---
-- name: Preflight and install the prerequisites with the installed p40fleet's roles
-  hosts: p40-hosts
-  gather_facts: false
-  roles:
-    - gpu_preflight
-    - host_prereqs
-"""
-
-
 @pytest.mark.sandbox
 def test_the_installed_package_provisions_a_sandbox_host(installed, make_sandbox):
     fleet = make_sandbox("wheel", ["p40"])
-    assert fleet.exec("node1", "command -v git").returncode != 0  # host_prereqs brings it
+    saved_state = "/etc/ansible/facts.d/p40fleet_preflight.fact"
+    assert fleet.exec("node1", f"test -e {saved_state}").returncode != 0
     env = installed_env(installed)
     collection = next((installed["venv"] / "lib").glob("python3*/site-packages")) / "p40fleet" / "collection"
-    syntax = run(
-        [installed["venv"] / "bin" / "ansible-playbook", collection / "site.yml", "--syntax-check",
-         "-i", fleet.inventory_dir / "hosts.yml"],
-        cwd=installed["work"], env={**env, "ANSIBLE_CONFIG": str(collection / "ansible.cfg")},
-    )  # fmt: skip
-    assert syntax.returncode == 0, syntax.stdout + syntax.stderr
-
-    playbook = installed["work"] / "preflight.yml"
-    playbook.write_text(PREFLIGHT_AND_PREREQS)
     p40fleet = installed["venv"] / "bin" / "p40fleet"
-    argv = [p40fleet, "run", "-i", fleet.inventory_dir / "hosts.yml", "--playbook", playbook]
+    argv = [p40fleet, "run", "-i", fleet.inventory_dir / "hosts.yml", "--tags", "gpu_preflight"]
     result = run(argv, cwd=installed["work"], env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert fleet.exec("node1", "command -v git").returncode == 0
-    # Every task that ran came from the installed package's roles, none from the checkout's.
+    assert fleet.exec("node1", f"test -s {saved_state}").returncode == 0
+    # Every task that ran came from the installed package's site.yml and roles, none from the checkout's.
     task_paths = set()
     for event_file in installed["state"].rglob("job_events/*.json"):
         task_path = json.loads(event_file.read_text()).get("event_data", {}).get("task_path")
         if task_path:
             task_paths.add(task_path.rsplit(":", 1)[0])
-    for role in ("gpu_preflight", "host_prereqs"):
-        assert any(p.startswith(str(collection / "roles" / role)) for p in task_paths), (role, task_paths)
-    assert [p for p in task_paths if "/roles/" in p and not p.startswith(str(collection))] == []
-    assert [p for p in task_paths if p.startswith(str(REPO_ROOT))] == []
+    assert any(p.startswith(str(collection / "roles" / "gpu_preflight")) for p in task_paths), task_paths
+    assert [p for p in task_paths if not p.startswith(str(collection))] == []

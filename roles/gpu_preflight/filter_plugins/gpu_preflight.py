@@ -329,6 +329,8 @@ class Host:
             "gpu_preflight_state_content": {
                 "schema": 1,
                 "driver_version": self.driver_version,
+                # The loaded module (flavor and version): a module change re-verifies the stack (fleet_state).
+                "kernel_module": " ".join(v for v in (self.module["flavor"], self.module["version"]) if v),
                 "has_gpu": self.has_gpu,
                 "gpus": gpu_names,
                 "os": f"{found['os']['id']} {found['os']['version_id']}",
