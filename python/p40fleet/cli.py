@@ -269,6 +269,46 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from p40fleet.fetch import FetchError, fill_controller_cache
+
+    try:
+        outcomes = fill_controller_cache(args.inventory, args.limit)
+    except FetchError as error:
+        console.print(f"[red]p40fleet fetch: {error}[/]")
+        return EXIT_ERROR
+    kept = sum(1 for outcome in outcomes if outcome.state == "present")
+    console.print(f"Controller cache: {len(outcomes) - kept} downloaded, {kept} already there and valid.")
+    return EXIT_OK
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from p40fleet.bundle import make_bundle
+    from p40fleet.fetch import FetchError
+
+    try:
+        result = make_bundle(args.dir, args.inventory, args.limit)
+    except FetchError as error:
+        console.print(f"[red]p40fleet bundle: {error}[/]")
+        return EXIT_ERROR
+    kept = sum(1 for outcome in result.outcomes if outcome.state == "present")
+    console.print(
+        f"Bundle {result.out_dir}: {len(result.outcomes)} files ({len(result.outcomes) - kept} downloaded),"
+        f" repositories {', '.join(result.repositories) or 'none'}; checksums in SHA256SUMS."
+    )
+    for note in result.notes:
+        console.print(f"[yellow]Note:[/] {note}")
+    console.print(
+        "Serve the directory as is over HTTP(S) and point the fleet at it (group_vars):\n"
+        "  artifact_fetch_source: mirror\n"
+        "  artifact_fetch_mirror_base_url: <the URL the directory is served at>\n"
+        "  pytorch_source: mirror\n"
+        "  apex_git_source: mirror\n"
+        "  verl_git_source: mirror"
+    )
+    return EXIT_OK
+
+
 LOGIN_HELP = (
     "how Ansible logs in: sudo (the ordinary user ops, password-less sudo), sudo-password (ops, sudo asks"
     f" for a password made per sandbox) or root (default {DEFAULT_LOGIN})"
@@ -388,6 +428,17 @@ def parser() -> argparse.ArgumentParser:
 
     fixtures = sub.add_parser("fixtures", help="fetch the real upstream files the tests use (PyPI)")
     fixtures.set_defaults(func=cmd_fixtures)
+
+    fetch = sub.add_parser("fetch", help="download every pinned artifact into the controller cache (verified)")
+    fetch.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    fetch.add_argument("-l", "--limit")
+    fetch.set_defaults(func=cmd_fetch)
+
+    bundle = sub.add_parser("bundle", help="write one directory a fleet mirror serves as is (air-gapped fleets)")
+    bundle.add_argument("dir", type=Path, help="the bundle directory (created; what is there and valid is kept)")
+    bundle.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    bundle.add_argument("-l", "--limit")
+    bundle.set_defaults(func=cmd_bundle)
     return top
 
 

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
     # Sandbox tests need podman; `make test` installs it, so there a missing podman is an error.
     for item in items:
         if "sandbox" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason="podman/debootstrap not installed: run `make deps`"))
+            item.add_marker(pytest.mark.skip(reason="podman/debootstrap not installed: run `make sandbox-deps`"))
 
 
 @pytest.fixture(scope="session")
