@@ -106,6 +106,7 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
     the converged run (test_converged_run.py) and of the launch script (test_launch_script.py), since every
     first converge of the whole pipeline costs minutes:
     .preflight_only (--tags gpu_preflight on the fresh hosts), .dry_run (--check --diff on the fresh hosts),
+    .prereqs_only (--tags host_prereqs, then),
     .first and .second (two real runs), and .play(**run_playbook kwargs) for more."""
     fleet = make_sandbox("site", ["p40", "p40x2"])
     cache = tmp_path_factory.mktemp("site-apex-cache")
@@ -132,6 +133,8 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
     fleet.after_preflight_only = observe(watched)
     fleet.dry_run = play(check=True, diff=True)
     fleet.after_dry_run = observe(watched)
+    fleet.prereqs_only = play(tags="host_prereqs")
+    fleet.after_prereqs_only = observe([*watched, "/var/lib/p40fleet/stages/host_prereqs.json", "/usr/bin/gcc-11"])
     fleet.first = play()
     fleet.second = play()
     return fleet

@@ -93,6 +93,19 @@ def test_a_stage_runs_alone_on_a_fresh_host(fleet, fresh_runs):
         assert not seen[(host, "/opt/miniconda3")], host
 
 
+def test_a_stage_runs_with_what_it_needs_and_nothing_else(fleet):
+    prereqs_only = fleet.prereqs_only
+    assert prereqs_only.rc == 0, failures(prereqs_only)
+    roles_that_ran = {role for (_, role) in executed(prereqs_only, with_argument_checks=False)}
+    assert roles_that_ran <= {"gpu_preflight", "fleet_state", "host_prereqs", ""}, roles_that_ran
+    seen = fleet.after_prereqs_only
+    for host in HOSTS:
+        assert seen[(host, "/usr/bin/gcc-11")], host
+        assert seen[(host, "/var/lib/p40fleet/stages/host_prereqs.json")], host
+        assert not seen[(host, "/usr/local/cuda-11.8")], host
+        assert not seen[(host, "/opt/miniconda3")], host
+
+
 def test_the_dry_run_finishes_on_a_fresh_host_and_names_every_stage(fleet, fresh_runs):
     _, dry_run = fresh_runs
     assert dry_run.rc == 0, failures(dry_run)
