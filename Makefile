@@ -84,9 +84,10 @@ clean:
 	-$(BIN)/p40fleet sandbox down --name demo
 	rm -rf .runs .fact_cache
 
-# Figures for the speed goal: a converged site.yml run next to a facts+ping play (prints, never fails on time).
+# Figures for the speed goals (prints a table, writes .runs/bench.json, never fails on time); a small version:
+# make bench BENCH_ARGS=--quick. See python/tests/benchmarks/bench.py for what it measures.
 bench: sandbox-deps
-	$(BIN)/python python/tests/benchmarks/converged_run.py
+	$(BIN)/python python/tests/benchmarks/bench.py $(BENCH_ARGS)
 
 # verl's dependency locks, one per Python (the sandbox's env is Python 3.11). Needs PyPI: never run by tests.
 VERL_LOCK_VERSION := 0.4.1

@@ -11,6 +11,7 @@ ansible-playbook needs, with secret-looking values redacted.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -66,6 +67,33 @@ REDACTED = "**redacted by p40fleet**"
 
 class RunError(RuntimeError):
     pass
+
+
+# Opt-in: P40FLEET_MITOGEN=1 runs the playbook with mitogen's linear strategy (pip install -c constraints.txt
+# mitogen). make bench measures it (--mitogen); README says what it gains and what it rests on.
+MITOGEN_SWITCH = "P40FLEET_MITOGEN"
+MITOGEN_ON = ("1", "true", "yes", "on")
+MITOGEN_OFF = ("", "0", "false", "no", "off")
+
+
+def mitogen_envvars(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The Ansible settings that select mitogen when P40FLEET_MITOGEN asks for it, else none."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(MITOGEN_SWITCH, "")
+    if value.strip().lower() in MITOGEN_OFF:
+        return {}
+    if value.strip().lower() not in MITOGEN_ON:
+        raise RunError(
+            f"{MITOGEN_SWITCH}={value!r}: set it to 1 to run with mitogen, or to 0 (or unset it) to run without"
+        )
+    spec = importlib.util.find_spec("ansible_mitogen")
+    if spec is None or spec.origin is None:
+        raise RunError(
+            f"{MITOGEN_SWITCH}={value} asks for mitogen, which is not installed here: "
+            "pip install -c constraints.txt mitogen (or unset it)"
+        )
+    strategies = Path(spec.origin).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_linear"}
 
 
 @dataclass
@@ -147,6 +175,7 @@ def ansible_env(inventory: Path, envvars: dict | None = None, pass_env: Iterable
             "ANSIBLE_FORCE_COLOR": "0",
             # ansible-runner turns host key checking off unless told otherwise; p40fleet never does.
             "ANSIBLE_HOST_KEY_CHECKING": "True",
+            **mitogen_envvars(),
         }
     )
     if inventory.is_relative_to(SANDBOX_DIR):

@@ -18,6 +18,7 @@ PLAYBOOK = "python/tests/playbooks/artifact_fetch.yml"
 FILE_NAME = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
 REAL_UPSTREAM_URL = "https://developer.download.nvidia.com/compute/cudnn/redist/cudnn/linux-x86_64/" + FILE_NAME
 HOSTS = ("node1", "node2")
+CONTROLLER_FETCH_TASK = "Ensure the controller cache holds each verified artifact"
 
 
 @pytest.fixture(scope="module")
@@ -105,26 +106,40 @@ def test_mirror_source_uses_the_upstream_file_name_under_the_mirror(fleet, run_p
     assert mirror_requests(fleet) == before + len(HOSTS)
 
 
-def test_controller_source_downloads_once_for_the_fleet(fleet, run_playbook, sha256, tmp_path):
-    dest = "/var/tmp/fetch-controller/" + FILE_NAME
+def controller_verifications(result) -> list[str]:
+    """The hosts on whose behalf the controller ran get_url (each one hashes the cached file or downloads it)."""
+    return [
+        e["event_data"]["host"]
+        for e in result.events
+        if e.get("event") in ("runner_item_on_ok", "runner_item_on_failed")
+        and e["event_data"].get("task") == CONTROLLER_FETCH_TASK
+    ]
+
+
+def test_controller_source_downloads_and_verifies_once_for_the_fleet(fleet, run_playbook, sha256, tmp_path):
     cache = tmp_path / "controller-cache"
-    before = mirror_requests(fleet)
-    result = run_playbook(
-        PLAYBOOK,
-        fleet.inventory_dir,
-        extra_vars={
-            "fetch_test_dest": dest,
-            "artifact_fetch_source": "controller",
-            "artifact_fetch_controller_cache_dir": str(cache),
-        },
-    )
-    assert result.rc == 0, result.stdout
     cached = cache / "cudnn_tarball" / FILE_NAME
-    assert hashlib.sha256(cached.read_bytes()).hexdigest() == sha256
-    assert sorted(p.name for p in cached.parent.iterdir()) == [FILE_NAME]  # no temp files left
-    for host in HOSTS:
-        assert host_sha256(fleet, host, dest) == sha256
-    assert mirror_requests(fleet) == before + 1
+    before = mirror_requests(fleet)
+    # The second run finds the file in the cache: get_url hashes it, once for the fleet, and downloads nothing.
+    for run, dest_dir in enumerate(("/var/tmp/fetch-controller", "/var/tmp/fetch-controller-again")):
+        dest = f"{dest_dir}/{FILE_NAME}"
+        result = run_playbook(
+            PLAYBOOK,
+            fleet.inventory_dir,
+            extra_vars={
+                "fetch_test_dest": dest,
+                "artifact_fetch_source": "controller",
+                "artifact_fetch_controller_cache_dir": str(cache),
+            },
+        )
+        assert result.rc == 0, result.stdout
+        assert hashlib.sha256(cached.read_bytes()).hexdigest() == sha256
+        assert sorted(p.name for p in cached.parent.iterdir()) == [FILE_NAME]  # no temp files left
+        for host in HOSTS:
+            assert host_sha256(fleet, host, dest) == sha256
+            assert result.stats[host]["changed"] > 0
+        assert len(controller_verifications(result)) == 1, (run, controller_verifications(result))
+        assert mirror_requests(fleet) == before + 1, run
 
 
 def test_tampered_artifact_fails_and_leaves_nothing_under_the_final_name(fleet, run_playbook, sha256):
