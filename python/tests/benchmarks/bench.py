@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import platform
@@ -48,7 +47,7 @@ import ansible.release
 
 from p40fleet import fixtures
 from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT, RUNS_DIR, SITE_PLAYBOOK
-from p40fleet.run import run_playbook
+from p40fleet.run import MITOGEN_SWITCH, RunError, mitogen_envvars, run_playbook
 from p40fleet.sandbox import Sandbox, podman
 
 SCHEMA = "p40fleet.bench/v1"
@@ -141,7 +140,7 @@ def via_runner(
             cmdline=cmdline_for(limit, tags),
             extravars=extravars,
             envvars=envvars,
-            keep_artifacts=2,
+            keep_runs=2,
         )
     seconds = time.monotonic() - start
     failures = [
@@ -263,9 +262,10 @@ def mirror_log(sandbox: Sandbox) -> Counter:
     return Counter((logs.stdout + logs.stderr).decode(errors="replace").splitlines())
 
 
-def served_since(before: Counter, sandbox: Sandbox, mirror_dir: Path) -> dict:
-    """What the mirror answered since `before`: complete GETs per path, with the bytes of the files served."""
-    new = mirror_log(sandbox) - before
+def served_since(before: Counter, after: Counter, mirror_dir: Path) -> dict:
+    """What the mirror answered between two reads of its log: complete GETs per path (the fleet mirror's
+    spelling folded into the file's own path), with the bytes of the files served."""
+    new = after - before
     paths: dict[str, dict] = {}
     for line, count in new.items():
         match = LOG_LINE.search(line)
@@ -303,7 +303,7 @@ def fresh_fleet_runs(sandbox: Sandbox, pool: list[str], sizes: list[int], mirror
             log(f"fresh fleet of {size} ({', '.join(hosts)}), artifact_fetch_source={mode}, --tags {ARTIFACT_TAGS}")
             before = mirror_log(sandbox)
             run = via_runner(SITE_PLAYBOOK, sandbox.inventory_dir, limit_for(hosts), ARTIFACT_TAGS, extravars)
-            served = served_since(before, sandbox, mirror_dir)
+            served = served_since(before, mirror_log(sandbox), mirror_dir)
             upstream_bytes = sum(e["size"] * e["upstream_requests"] for e in served.values())
             mirror_bytes = sum(e["size"] * e["fleet_mirror_requests"] for e in served.values())
             results[mode][str(size)] = {
@@ -327,7 +327,9 @@ def apex_builds(sandbox: Sandbox, hosts: list[str]) -> dict:
     for host in hosts:
         found = sandbox.exec(host, f"cat {EXTENSION_BUILDS_LOG} 2>/dev/null")
         by_host[host] = len(found.stdout.splitlines()) if found.returncode == 0 else 0
-    return {"hosts": len(hosts), "fleet_keys": 1, "builds": sum(by_host.values()), "by_host": by_host}
+    # Identical hosts: one GPU profile, one Python/torch/CUDA stack, so one Apex build key.
+    profiles = sorted({h.profile for h in sandbox.hosts() if h.name in hosts})
+    return {"hosts": len(hosts), "gpu_profiles": profiles, "builds": sum(by_host.values()), "by_host": by_host}
 
 
 def scaling_runs(sandbox: Sandbox, fleet: list[str], sizes: list[int], rounds: int) -> tuple[dict, dict]:
@@ -398,11 +400,11 @@ def overhead_runs(sandbox: Sandbox, fleet: list[str], rounds: int, alt_ansible: 
 
 
 def mitogen_env() -> dict[str, str] | None:
-    spec = importlib.util.find_spec("ansible_mitogen")
-    if spec is None or spec.origin is None:
+    """What P40FLEET_MITOGEN=1 makes p40fleet run use, or None without mitogen."""
+    try:
+        return mitogen_envvars({MITOGEN_SWITCH: "1"})
+    except RunError:
         return None
-    strategies = Path(spec.origin).parent / "plugins" / "strategy"
-    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_linear"}
 
 
 def settings_runs(sandbox: Sandbox, fleet: list[str], rounds: int, reference: dict, mitogen: bool) -> dict:
@@ -566,7 +568,10 @@ def print_table(data: dict) -> None:
     apex = data.get("apex_builds")
     if apex:
         add("")
-        add(f"Apex builds in a fleet of {apex['hosts']} identical hosts (one key): {apex['builds']}  {apex['by_host']}")
+        add(
+            f"Apex builds in a fleet of {apex['hosts']} identical hosts (GPU profiles {apex['gpu_profiles']}):"
+            f" {apex['builds']}  {apex['by_host']}"
+        )
     over = data.get("p40fleet_run_overhead")
     if over:
         add("")
