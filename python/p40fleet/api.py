@@ -269,21 +269,7 @@ def provision(
             keep_runs=keep_runs,
             pass_env=pass_env,
         )
-        hosts = _host_results(run)
-        result = ProvisionResult(
-            **base,
-            limit=limit,
-            exit_code=exit_code_for(run),
-            status=run.status,
-            rc=run.rc,
-            run_id=run.run_id,
-            started=run.started,
-            finished=run.finished,
-            hosts=hosts,
-            failures=list(run.failures),
-            artifact_dir=run.artifact_dir,
-            run=run,
-        )
+        result = _result_of(run, **base, limit=limit, run=run)
         if record:
             from p40fleet.report import build_report
 
@@ -292,6 +278,23 @@ def provision(
             hosts_state = fleet.update_hosts(inventory_state.read_hosts(), report["runs"][0], run.events)
             inventory_state.write_hosts(hosts_state)
         return result
+
+
+def _result_of(finished_run: RunResult, **fields) -> ProvisionResult:
+    """What a finished run says, as the typed result (fields: what the caller knows besides the run)."""
+    run = finished_run
+    return ProvisionResult(
+        **fields,
+        exit_code=exit_code_for(run),
+        status=run.status,
+        rc=run.rc,
+        run_id=run.run_id,
+        started=run.started,
+        finished=run.finished,
+        hosts=_host_results(run),
+        failures=list(run.failures),
+        artifact_dir=run.artifact_dir,
+    )
 
 
 @dataclass
@@ -329,19 +332,7 @@ def refresh_state(
         )
         from p40fleet.report import build_report
 
-        summary = ProvisionResult(
-            inventory=inventory,
-            playbook=playbook,
-            exit_code=exit_code_for(run),
-            status=run.status,
-            rc=run.rc,
-            run_id=run.run_id,
-            started=run.started,
-            finished=run.finished,
-            hosts=_host_results(run),
-            failures=list(run.failures),
-            artifact_dir=run.artifact_dir,
-        )
+        summary = _result_of(run, inventory=inventory, playbook=playbook)
         entry = build_report([("state refresh", summary)])["runs"][0]
         hosts_state = fleet.update_hosts(inventory_state.read_hosts(), entry, run.events, provisioning=False)
         inventory_state.write_hosts(hosts_state)

@@ -17,6 +17,7 @@ from p40fleet import cli
 from p40fleet.lock import RunLocked, inventory_lock
 from p40fleet.paths import REPO_ROOT
 from p40fleet.state import StateDir
+from tests.local_hosts import local_inventory
 
 WAIT_PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "local_wait.yml"
 HOLD = """
@@ -27,15 +28,6 @@ with inventory_lock(Path(sys.argv[1]), Path(sys.argv[2]), command="holder for th
     print("held", flush=True)
     time.sleep(600)
 """
-
-
-def local_inventory(tmp_path: Path) -> Path:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
-        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
-    )
-    return inventory
 
 
 def wait_for(predicate, timeout: float = 60.0) -> None:

@@ -7,24 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from pathlib import Path
 
 import p40fleet
 from p40fleet import api, state
 from p40fleet.paths import REPO_ROOT
 from p40fleet.run import REDACTED, redact_env
 from p40fleet.state import StateDir
+from tests.local_hosts import local_inventory
 
 SECRETS_PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "local_secrets.yml"
-
-
-def local_inventory(tmp_path: Path) -> Path:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
-        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
-    )
-    return inventory
 
 
 def sha(text: str) -> str:
