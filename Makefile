@@ -7,11 +7,12 @@ SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates ap
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo bench clean lock
+.PHONY: help deps system-deps venv fixtures lint pytest molecule test faults demo bench clean lock
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
 	@echo "make test   lint, molecule scenarios and pytest (what CI runs)"
+	@echo "make faults the fault suite, every case (issue 13), and the tests elsewhere it counts"
 
 deps: system-deps venv fixtures
 
@@ -51,6 +52,11 @@ pytest: deps
 	$(BIN)/pytest
 
 test: lint molecule pytest
+
+# The fault suite with its slow cases (make test runs the rest of it), and the tests elsewhere that prove part
+# of a case; it ends with the table of cases.
+faults: deps
+	P40FLEET_FAULTS=full $(BIN)/pytest python/tests/faults $$($(BIN)/python python/tests/faults/cases.py --reused)
 
 demo: deps
 	$(BIN)/p40fleet demo --report .runs/demo-report.json
