@@ -15,12 +15,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps venv fixtures lint pytest molecule \
-  test demo bench clean lock
+  test faults demo bench clean lock
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
 	@echo "make test   lint, molecule scenarios and pytest (what CI runs)"
 	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
+	@echo "make faults the fault suite, every case (issue 13), and the tests elsewhere it counts"
 
 # An operator's controller: the tools and the Python venv, nothing of the sandbox.
 deps: controller-deps venv
@@ -76,6 +77,11 @@ pytest: sandbox-deps test-deps
 	$(BIN)/pytest
 
 test: lint molecule pytest
+
+# The fault suite with its slow cases (make test runs the rest of it), and the tests elsewhere that prove part
+# of a case; it ends with the table of cases.
+faults: sandbox-deps
+	P40FLEET_FAULTS=full $(BIN)/pytest python/tests/faults $$($(BIN)/python python/tests/faults/cases.py --reused)
 
 demo: sandbox-deps
 	$(BIN)/p40fleet demo --report .runs/demo-report.json

@@ -23,9 +23,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -338,6 +338,8 @@ class Host:
     profile: str
     login: str = DEFAULT_LOGIN
     os: str = DEFAULT_OS
+    # Size-limited filesystems mounted in the host ({path: size}, e.g. {"/srv/small": "64m"}).
+    tmpfs: dict[str, str] = field(default_factory=dict)
 
 
 class Sandbox:
@@ -379,11 +381,19 @@ class Sandbox:
         return self.dir / "become_password"
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def up(self, profiles: Sequence[str], login: str = DEFAULT_LOGIN, os_name: str = DEFAULT_OS) -> list[Host]:
+    def up(
+        self,
+        profiles: Sequence[str],
+        login: str = DEFAULT_LOGIN,
+        os_name: str = DEFAULT_OS,
+        tmpfs: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
-        profiles, login and OS is kept as it is, any other is replaced. `login` is how Ansible logs
+        profiles, login, OS and mounts is kept as it is, any other is replaced. `login` is how Ansible logs
         in: `sudo` (the ordinary user `ops`, password-less sudo), `sudo-password` (ops, sudo asks for
-        the password in become_password_file) or `root`. `os_name` is a key of OS_RELEASES."""
+        the password in become_password_file) or `root`. `os_name` is a key of OS_RELEASES. `tmpfs` gives
+        hosts small filesystems of their own, {host name: {path: size}}: a disk that is too small or fills up,
+        without touching the build machine's disk."""
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         if os_name not in OS_RELEASES:
@@ -394,9 +404,18 @@ class Sandbox:
             raise SandboxError(f"unknown GPU profile(s) {unknown}; known: {sorted(known)}")
         if not profiles:
             raise SandboxError("a sandbox needs at least one host")
+        tmpfs = {name: dict(mounts) for name, mounts in (tmpfs or {}).items()}
+        names = [f"node{index}" for index in range(1, len(profiles) + 1)]
+        strays = sorted(set(tmpfs) - set(names))
+        if strays:
+            raise SandboxError(f"tmpfs names hosts {strays} this sandbox does not have ({', '.join(names)})")
+        for mounts in tmpfs.values():
+            for path, size in mounts.items():
+                if not path.startswith("/") or "," in path or not size.rstrip("kmg").isdigit():
+                    raise SandboxError(f"tmpfs {path}={size}: use an absolute path and a size like 64m")
         current = self.hosts()
-        wanted = [(p, login, os_name) for p in profiles]
-        if [(h.profile, h.login, h.os) for h in current] == wanted and self._running(current):
+        wanted = [(p, login, os_name, tmpfs.get(n, {})) for p, n in zip(profiles, names, strict=True)]
+        if [(h.profile, h.login, h.os, h.tmpfs) for h in current] == wanted and self._running(current):
             return current
         self.down()
         image = ensure_image(os_name)
@@ -410,8 +429,8 @@ class Sandbox:
         mirror = self._address(self.mirror_container)
         _wait_for_port(mirror, APT_PORT)
         hosts = []
-        for index, profile in enumerate(profiles, start=1):
-            hosts.append(self._start_host(image, f"node{index}", profile, login, os_name, mirror))
+        for name, profile in zip(names, profiles, strict=True):
+            hosts.append(self._start_host(image, name, profile, login, os_name, mirror, tmpfs.get(name, {})))
         self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
         for host in hosts:
             self.set_profile(host.name, host.profile)
@@ -487,9 +506,14 @@ class Sandbox:
             serve,
         )
 
-    def _start_host(self, image: str, name: str, profile: str, login: str, os_name: str, mirror: str) -> Host:
+    def _start_host(
+        self, image: str, name: str, profile: str, login: str, os_name: str, mirror: str, tmpfs: dict[str, str]
+    ) -> Host:
         container = f"{PODMAN_PREFIX}-{self.name}-{name}"
         home = "/root" if login == "root" else f"/home/{LOGIN_USER}"
+        mounts = []
+        for path, size in sorted(tmpfs.items()):
+            mounts += ["--mount", f"type=tmpfs,destination={path},tmpfs-size={size}"]
         podman(
             "run",
             "-d",
@@ -504,6 +528,7 @@ class Sandbox:
             f"{APT_HOSTNAME}:{mirror}",
             "-v",
             f"{self.dir / 'authorized_keys'}:{home}/.ssh/authorized_keys:ro",
+            *mounts,
             image,
             "sh",
             "-c",
@@ -534,6 +559,7 @@ class Sandbox:
             profile=profile,
             login=login,
             os=os_name,
+            tmpfs=tmpfs,
         )
 
     def _address(self, container: str) -> str:

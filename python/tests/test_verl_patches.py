@@ -395,6 +395,81 @@ def test_failed_post_condition_restores_the_files_and_writes_no_record(ws, play,
     assert ws.record() is None
 
 
+def changed_file_message(
+    host: str, ws_src: str, state: str, action: str, items: list[tuple[str, str, str, str]]
+) -> str:
+    """The refusal of issue 13's case 8, as apply.yml/revert.yml word it: (file, pristine, patched, found) each."""
+    listed = "; ".join(
+        f"{rel} (pristine sha256 {pristine}, patched sha256 {patched}, found sha256 {found})"
+        for rel, pristine, patched, found in items
+    )
+    return (
+        f"{host}: {len(items)} verl 0.4.1 file(s) in {ws_src} changed since verl_patches last ran, and {action} them"
+        f" would overwrite that change: {listed}. Nothing was changed. Keep the change elsewhere if it matters, then"
+        " either put each file back as verl ships it (its pristine copy is under"
+        f" {state}/pristine/) and rerun, or, if verl was reinstalled with new files under the same version, remove"
+        f" {state} so that the new files become the pristine copies, and rerun."
+    )
+
+
+def test_a_patched_file_edited_since_the_last_run_is_refused_not_overwritten(ws, play, releases):
+    assert play(ws).rc == 0
+    actor = "verl/workers/actor/dp_actor.py"
+    patched_sum = sha256(ws.src / actor)
+    (ws.src / actor).write_text(ws.read(actor) + "\n# my own change, to keep\n")
+    edited = tree_digest(ws.src)
+    state = tree_digest(ws.state)
+    expected = changed_file_message(
+        "localhost",
+        str(ws.src),
+        str(ws.state),
+        "patching",
+        [(actor, sha256(releases["0.4.1"] / actor), patched_sum, sha256(ws.src / actor))],
+    )
+    for extra, action in (({}, "patching"), ({"verl_patches_state": "absent"}, "restoring")):
+        refused = play(ws, extra_vars=extra)
+        assert refused.rc != 0
+        assert messages(refused) == expected.replace("and patching them", f"and {action} them"), messages(refused)
+        assert refused.stats["localhost"]["changed"] == 0
+        assert tree_digest(ws.src) == edited
+        assert tree_digest(ws.state) == state
+    checked = play(ws, check=True, diff=True)
+    assert checked.rc != 0 and tree_digest(ws.src) == edited
+
+    # Put back as verl ships it: the role patches it again, and the run converges.
+    shutil.copy2(ws.state / "pristine" / actor, ws.src / actor)
+    again = play(ws)
+    assert again.rc == 0, messages(again)
+    assert_pascal_041(ws, releases["0.4.1"])
+
+
+def test_new_files_under_the_same_version_are_refused_until_the_state_is_removed(ws, play, releases):
+    assert play(ws).rc == 0
+    # The checkout replaced by other content that still says 0.4.1 (a moved tag, a re-cut sdist).
+    upstream = releases["0.4.1"] / "verl/utils/model.py"
+    ws.load(releases["0.4.1"])
+    (ws.src / "verl/utils/model.py").write_text(upstream.read_text() + "\n# upstream: a later fix\n")
+    new_files = tree_digest(ws.src)
+    refused = play(ws)
+    assert refused.rc != 0
+    # The other covered files are back at their pristine content: patching them again loses nothing.
+    model = "verl/utils/model.py"
+    assert messages(refused) == changed_file_message(
+        "localhost",
+        str(ws.src),
+        str(ws.state),
+        "patching",
+        [(model, sha256(upstream), ws.record()["files"][model]["patched_sha256"], new_files[model])],
+    )
+    assert tree_digest(ws.src) == new_files
+    shutil.rmtree(ws.state)
+    adopted = play(ws)
+    assert adopted.rc == 0, messages(adopted)
+    assert sha256(ws.state / "pristine" / model) == new_files[model]
+    assert "# upstream: a later fix" in ws.read(model)
+    assert "flash_attention_2" not in ws.read(model)
+
+
 # -- sandbox: a real host over SSH --------------------------------------------------------------------
 
 REMOTE_SRC = "/opt/verl-src/verl-0.4.1"

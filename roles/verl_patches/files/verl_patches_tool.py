@@ -10,8 +10,10 @@ SPEC_B64 is base64 of a JSON object rendered by the role:
 
 probe: one cheap look at the host: which verl version the source holds, which patch set that selects,
 the recorded state (pristine manifest, applied record) and the real sha256 of every covered file now;
-anchor counts per entry on the content the edit would start from; and the action the role must take
-(none, apply, revert). Edits are made by ansible.builtin.lineinfile/replace, never here.
+anchor counts per entry on the content the edit would start from; the files changed since the last run
+(`changed_files`: neither pristine nor as that run left them, so restoring them would destroy someone's
+edit; apply and revert refuse while there are any); and the action the role must take (none, apply,
+revert). Edits are made by ansible.builtin.lineinfile/replace, never here.
 
 verify: the post-state: each entry's post-condition count, no anchor or residue left, each file
 compiles (builtin compile(), so no __pycache__ is written into the checkout), pristine copies intact,
@@ -117,6 +119,33 @@ def pristine_state(spec, version):
     return manifest, not problems, problems
 
 
+def changed_since_last_run(spec, version, manifest, pristine_ok, record):
+    """Files of the pristine manifest whose content is neither the pristine copy nor what the last completed
+    run left there (the applied record's patched sha256): a user's edit, or new upstream content under the same
+    version. Only a completed run for this checkout and version tells what the files should hold: without its
+    record (a run was interrupted, or failed and restored) the files are ours to redo."""
+    if not pristine_ok or not isinstance(record, dict) or record.get("unreadable"):
+        return []
+    recorded = record.get("identity") or {}
+    if recorded.get("verl_version") != version or recorded.get("source_dir") != spec["source_dir"]:
+        return []
+    patched = {rel: (item or {}).get("patched_sha256") for rel, item in (record.get("files") or {}).items()}
+    changed = []
+    for rel, pristine in sorted(manifest.get("files", {}).items()):
+        path = os.path.join(spec["source_dir"], rel)
+        found = sha256(path) if os.path.isfile(path) else None
+        if found is None or found not in (pristine, patched.get(rel)):
+            changed.append(
+                {
+                    "file": rel,
+                    "pristine_sha256": pristine,
+                    "patched_sha256": patched.get(rel),
+                    "found_sha256": found,
+                }
+            )
+    return changed
+
+
 def probe(spec):
     version = source_version(spec["source_dir"])
     result = {
@@ -140,6 +169,7 @@ def probe(spec):
     record = read_json(os.path.join(spec["state_dir"], RECORD))
     manifest, pristine_ok, problems = pristine_state(spec, version)
     result.update(record=record, manifest=manifest, pristine_ok=pristine_ok, pristine_problems=problems)
+    result["changed_files"] = changed_since_last_run(spec, version, manifest, pristine_ok, record)
     patch_set = select(spec, version)
     needs_edits = bool(patch_set and patch_set["entries"]) or (
         spec["profile"].get("needs_patches", False) and patch_set is None

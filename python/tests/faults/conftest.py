@@ -1,0 +1,310 @@
+"""The fault suite (issue 13): one sandbox fleet shared by the cases, and the table of cases printed at the end.
+
+`make test` runs the cases that fit CI's time budget; the ones marked `faults_full` (kills, disk filling up,
+the second source of every tampered artifact) run only under `make faults` (P40FLEET_FAULTS=full), and the
+table says so for each case instead of leaving it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.faults.cases import BY_NUMBER, CASES
+from tests.faults.tools import MODEL_REPO, MirrorServer, ProcessSampler
+
+from p40fleet import cli
+from p40fleet.paths import REPO_ROOT, RUNS_DIR
+from p40fleet.run import RunResult
+from p40fleet.sandbox import Sandbox, podman
+
+FULL = os.environ.get("P40FLEET_FAULTS") == "full"
+# P40FLEET_FAULTS_KEEP=1 leaves the fleet running after the session (to iterate on one case); the next session
+# reuses it when its hosts are the same, and every case puts the hosts it uses where it needs them.
+SITE = REPO_ROOT / "site.yml"
+PREFLIGHT_DEFAULTS = REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml"
+# site.yml's stages (each play's tag), in order.
+STAGES = (
+    "gpu_preflight",
+    "host_prereqs",
+    "cuda_toolkit",
+    "cudnn",
+    "conda_env",
+    "pytorch",
+    "apex",
+    "verl",
+    "verl_patches",
+    "training_data",
+    "launch_script",
+)
+
+_case_of: dict[str, tuple[int, ...]] = {}
+_deselected: set[str] = set()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fault_case(*numbers): the issue 13 case(s) this test proves")
+    config.addinivalue_line("markers", "faults_full: too slow for make test's budget; runs under make faults")
+
+
+def pytest_collection_modifyitems(config, items):
+    kept = []
+    for item in items:
+        numbers = tuple(n for marker in item.iter_markers("fault_case") for n in marker.args)
+        if numbers:
+            unknown = [n for n in numbers if n not in BY_NUMBER]
+            if unknown:
+                raise pytest.UsageError(f"{item.nodeid}: fault_case {unknown} is not a case of issue 13")
+            _case_of[item.nodeid] = numbers
+        if item.get_closest_marker("faults_full") and not FULL:
+            _deselected.add(item.nodeid)
+        else:
+            kept.append(item)
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in _deselected])
+        items[:] = kept
+
+
+def _outcomes(terminalreporter) -> dict[str, str]:
+    """Each test's outcome: failed (any phase) over skipped over passed."""
+    rank = {"passed": 0, "skipped": 1, "xfailed": 1, "failed": 2, "error": 2, "xpassed": 2}
+    found: dict[str, str] = {}
+    for key, reports in terminalreporter.stats.items():
+        if key not in rank:
+            continue
+        for report in reports:
+            nodeid = getattr(report, "nodeid", None)
+            if not nodeid or (key == "passed" and getattr(report, "when", "call") != "call"):
+                continue
+            outcome = "failed" if key in ("error", "xpassed") else key
+            if nodeid not in found or rank[outcome] > rank[found[nodeid]]:
+                found[nodeid] = outcome
+    return found
+
+
+def _belongs(nodeid: str, reused: str) -> bool:
+    return nodeid == reused or nodeid.startswith((reused + "[", reused + "::"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    outcomes = _outcomes(terminalreporter)
+    terminalreporter.write_sep("=", "fault suite (issue 13): cases")
+    terminalreporter.write_line(f"{'case':>4}  {'result':<8}  {'tests':<28}  what")
+    for case in CASES:
+        own = [n for n, numbers in _case_of.items() if case.number in numbers]
+        reused = [n for n in outcomes if any(_belongs(n, r) for r in case.reused)]
+        ran = {n: outcomes[n] for n in own + reused if n in outcomes}
+        counts = {kind: sum(1 for o in ran.values() if o == kind) for kind in ("passed", "failed", "skipped")}
+        waiting = [n for n in own if n in _deselected]
+        if counts["failed"]:
+            result = "FAIL"
+        elif counts["skipped"]:
+            result = "SKIPPED"
+        elif ran:
+            result = "pass"
+        else:
+            result = "waiting" if case.pending and not own else "not run"
+        tests = ", ".join(f"{count} {kind}" for kind, count in counts.items() if count) or "-"
+        if waiting:
+            tests += f"; {len(waiting)} in make faults"
+        terminalreporter.write_line(f"{case.number:>4}  {result:<8}  {tests:<28}  {case.title}")
+        if case.pending:
+            terminalreporter.write_line(f"{'':>4}  {'':<8}  {'':<28}  still needs: {case.pending}")
+        if result == "not run" and case.reused and not reused:
+            terminalreporter.write_line(f"{'':>4}  {'':<8}  {'':<28}  (the tests it reuses were not in this session)")
+
+
+# -- the shared fleet ---------------------------------------------------------------------------------------
+
+
+def _disk_checks_with(path_purpose: str, min_free_gib: int) -> list[dict]:
+    checks = yaml.safe_load(PREFLIGHT_DEFAULTS.read_text())["gpu_preflight_disk_checks"]
+    for check in checks:
+        if path_purpose in check["purpose"]:
+            check["min_free_gib"] = min_free_gib
+    return checks
+
+
+# host -> (GPU profile, small filesystems {path: size}, host_vars, what it is for). One sandbox serves every case:
+# hosts a case breaks on purpose are its own, and node1 is the converged host cases take turns on, each leaving
+# it converged again.
+CONDA_TMPFS = "/opt/miniconda3"
+HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
+    "node1": (
+        "p40",
+        {CONDA_TMPFS: "1200m"},
+        # The env's own 1.2 GB filesystem, which case 12 fills: preflight's 20 GiB rule for it is waived here.
+        {"gpu_preflight_disk_checks": _disk_checks_with("conda_env_install_prefix", 0)},
+        "converged by site.yml: cases 1, 7, 8, 10, 12",
+    ),
+    "node2": ("p40-driver-too-old", {}, {}, "case 4: driver too old"),
+    "node3": ("p40-driver-r590", {}, {}, "case 4: a branch past R580"),
+    "node4": ("p40-upgraded-unloaded", {}, {}, "case 4: NVML mismatch after a driver upgrade"),
+    "node5": ("nogpu", {}, {}, "case 4: no GPU"),
+    "node6": ("p40", {"/srv/small": "64m"}, {"cuda_toolkit_tmpdir": "/srv/small/p40fleet"}, "case 6"),
+    "node7": ("p40", {}, {}, "case 2: tampered artifacts"),
+    "node8": ("p40", {}, {}, "case 9: a wrong type"),
+    "node9": ("p40", {}, {}, "case 9: a GPU model the host does not have"),
+    "node10": ("p40", {}, {}, "case 9: a misspelt profile"),
+    "node11": ("p40", {}, {}, "case 9: bad values met by later stages, strings from -e"),
+}
+
+
+@dataclass
+class Fleet:
+    sandbox: Sandbox
+    run: Callable[..., RunResult]
+    # Hosts a case left in an unknown state (it failed midway): the next case that needs them converges them first.
+    dirty: set[str] = field(default_factory=set)
+
+    @property
+    def inventory(self) -> Path:
+        return self.sandbox.inventory_dir
+
+    @property
+    def password_file(self) -> Path:
+        return self.sandbox.become_password_file
+
+    def play(self, limit: str, stages: tuple[str, ...] = (), upto: str = "", **kwargs) -> RunResult:
+        """site.yml against `limit`, with the sandbox's sudo password as a file. `stages` runs only those (and
+        preflight) by their tags; `upto` runs every stage up to that one, untagged (`--tags host_prereqs` runs
+        that role's verify-only assert against the probe taken before the install). Either way the stages after
+        the last skip whole, their `always` tasks too: they would probe what a host that never got that far
+        cannot have."""
+        last = max((STAGES.index(stage) for stage in (*stages, upto) if stage), default=len(STAGES) - 1)
+        if stages:
+            kwargs["tags"] = ",".join(("gpu_preflight", *stages))
+        if last < len(STAGES) - 1:
+            kwargs["skip_tags"] = ",".join(STAGES[last + 1 :])
+        return self.run(SITE, self.inventory, limit=limit, become_password_file=self.password_file, **kwargs)
+
+    def converge(self, host: str) -> RunResult:
+        """Run site.yml on the host until it reports success, then once more: that one must change nothing."""
+        result = self.play(host)
+        assert result.rc == 0, [f"{f.task}: {f.message}" for f in result.failures]
+        again = self.play(host)
+        assert again.rc == 0 and again.stats[host]["changed"] == 0, again.stdout[-4000:]
+        self.dirty.discard(host)
+        return result
+
+    def exec(self, host: str, command: str, user: str = "root"):
+        return self.sandbox.exec(host, command, user=user)
+
+    def sh(self, host: str, command: str, user: str = "root") -> str:
+        result = self.sandbox.exec(host, command, user=user)
+        assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+        return result.stdout.strip()
+
+    def exists(self, host: str, path: str) -> bool:
+        return self.sandbox.exec(host, f"test -e {path} || test -L {path}").returncode == 0
+
+    def host_vars(self, host: str, **values) -> None:
+        """Set (or, with None, drop) inventory variables of one host, as a user edits host_vars."""
+        path = self.inventory / "host_vars" / f"{host}.yml"
+        current = yaml.safe_load(path.read_text()) if path.exists() else {}
+        for key, value in values.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("---\n" + yaml.safe_dump(current, sort_keys=True))
+
+
+@pytest.fixture(scope="session")
+def fleet(run_playbook):
+    sandbox = Sandbox("pytest-faults")
+    sandbox.up(
+        [profile for profile, _, _, _ in HOSTS.values()],
+        login="sudo-password",
+        tmpfs={host: mounts for host, (_, mounts, _, _) in HOSTS.items() if mounts},
+    )
+    shared = Fleet(sandbox, run_playbook)
+    for host, (_, _, host_vars, _) in HOSTS.items():
+        # A sandbox kept from an interrupted session may carry a case's leftovers: every host starts as set here.
+        (shared.inventory / "host_vars" / f"{host}.yml").unlink(missing_ok=True)
+        if host_vars:
+            shared.host_vars(host, **host_vars)
+    yield shared
+    if os.environ.get("P40FLEET_FAULTS_KEEP") != "1":
+        sandbox.down()
+
+
+HUB_PORT = 8092
+
+
+@dataclass
+class FirstConverge:
+    """node1's first converge, run as a user runs it: `p40fleet run --report` with a sudo password file and a
+    Hub token in host_vars, every process list sampled throughout (case 10 reads all of it)."""
+
+    code: int
+    console: str
+    report_path: Path
+    run_dirs: list[Path]
+    sampler: ProcessSampler
+    token: str
+    password: str
+    hub: MirrorServer
+
+
+@pytest.fixture(scope="session")
+def first_converge(fleet, tmp_path_factory) -> FirstConverge:
+    # A Hub of our own in the mirror container: the sandbox's model copied, gated by a token made for this run
+    # (written through stdin, so no argument list ever holds it).
+    token = "hf_" + secrets.token_hex(20)
+    hub = MirrorServer(fleet.sandbox, HUB_PORT, "hub")
+    hub.exec(f"rm -rf {hub.root} && mkdir -p {hub.root} && cp -a /srv/mirror/hub {hub.root}/hub")
+    gate = f"{hub.root}/hub/models/{MODEL_REPO}/.gated-token"
+    podman("exec", "-i", hub.container, "sh", "-c", f"cat > {gate}", input_bytes=token.encode())
+    hub.start(hub=True)
+    fleet.host_vars("node1", training_data_hub_token=token, training_data_hub_endpoint=hub.url)
+    # On a fleet kept from an earlier session the model is there already: the token must be used all the same.
+    fleet.sh("node1", "rm -rf /opt/p40fleet/models")
+    password = fleet.password_file.read_text().strip()
+    report = tmp_path_factory.mktemp("first-converge") / "report.json"
+    before = set(RUNS_DIR.glob("run-*"))
+    sampler = ProcessSampler([token.encode(), password.encode()], [fleet.sandbox.host("node1").container])
+    sampler.start()
+    console = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(console), contextlib.redirect_stdout(console):
+            code = cli.main(
+                [
+                    "run",
+                    "-i",
+                    str(fleet.inventory),
+                    "-l",
+                    "node1",
+                    "--report",
+                    str(report),
+                    "--become-password-file",
+                    str(fleet.password_file),
+                ]
+            )
+    finally:
+        sampler.stop()
+    if code == cli.EXIT_OK:
+        fleet.dirty.discard("node1")
+    else:
+        fleet.dirty.add("node1")
+    run_dirs = sorted(set(RUNS_DIR.glob("run-*")) - before)
+    return FirstConverge(code, console.getvalue(), report, run_dirs, sampler, token, password, hub)
+
+
+@pytest.fixture
+def converged_node1(fleet, first_converge) -> Fleet:
+    """node1 converged. A case that leaves it otherwise calls fleet.converge("node1") at its end; if it failed
+    before that, the next case that needs node1 converges it first."""
+    assert first_converge.code == cli.EXIT_OK, first_converge.console[-4000:]
+    if "node1" in fleet.dirty:
+        fleet.converge("node1")
+    fleet.dirty.add("node1")
+    yield fleet
