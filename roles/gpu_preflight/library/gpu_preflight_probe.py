@@ -230,6 +230,7 @@ def probe(request):
         "cpu_count": len(os.sched_getaffinity(0)),
         "mem_total_mib": mem_total_mib(),
         "disks": [disk(path) for path in request["paths"]],
+        "present": {path: os.path.lexists(path) for path in request.get("present_paths") or []},
         "gcc": gcc(),
         "nvidia_smi": nvidia,
         "nvidia_pci_devices": nvidia_pci_devices(),
@@ -245,6 +246,7 @@ def main():
         argument_spec={
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "paths": {"type": "list", "elements": "path", "default": []},
+            "present_paths": {"type": "list", "elements": "path", "default": []},
             "state_file": {"type": "path", "required": True},
         },
         supports_check_mode=True,
