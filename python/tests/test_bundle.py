@@ -47,9 +47,8 @@ from tests.http_server import FileServer, serve_directory, serve_files
 
 ENV_PYTHON = "/opt/miniconda3/envs/verl-env/bin/python"
 PORT = 8080
-# site.yml's tags for the stages the bundle feeds (a stage's tag also runs the stages it needs): host_prereqs,
-# cuda_toolkit, cudnn, conda_env, pytorch, apex, verl and verl_patches, after preflight.
-BUNDLE_STAGES = "gpu_preflight,cudnn,apex,verl_patches"
+# site.yml's tags for the stages the bundle feeds, after preflight and those they build on.
+BUNDLE_STAGES = "gpu_preflight,host_prereqs,cuda_toolkit,cudnn,conda_env,pytorch,apex,verl,verl_patches"
 
 
 # -- the parts, without containers ----------------------------------------------------------------------
