@@ -105,8 +105,9 @@ class Run:
     events: list[dict] = field(default_factory=list, repr=False)
     stdout: str = field(default="", repr=False)
     failures: list[str] = field(default_factory=list)
-    # The controller's CPU time (user + system) for the run: ansible's processes and the ssh clients, not the
-    # hosts'. Less sensitive than wall time to what else the machine runs.
+    # The controller's CPU time (user + system) for the run: ansible's processes and the ssh clients that
+    # ended with it (not ControlPersist's masters, which outlive it), not the hosts'. Less sensitive than wall
+    # time to what else the machine runs.
     cpu_seconds: float = 0.0
 
     @property
@@ -632,7 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [n for n in SCALING_SIZES if n <= args.hosts] or [args.hosts]
     fresh_sizes = [int(x) for x in args.fresh_sizes.split(",") if x.strip()]
     if args.mitogen and mitogen_env() is None:
-        parser.error("--mitogen: ansible_mitogen is not importable here (pip install mitogen)")
+        parser.error("--mitogen: ansible_mitogen is not importable here (pip install -c constraints.txt mitogen)")
+    # The default rows run the default strategy, whatever the caller's shell opts in to; mitogen has its rows.
+    os.environ[MITOGEN_SWITCH] = "0"
 
     fleet_size = max(sizes)
     # Fresh hosts for the artifact modes come first in the pool; the converged fleet reuses the first ones
