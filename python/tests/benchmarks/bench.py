@@ -195,13 +195,18 @@ def via_cli(inventory: Path, limit: str | None = None) -> Run:
         with cpu_clock() as cpu:
             done = subprocess.run(argv, env=_subprocess_env(inventory), capture_output=True, text=True, check=False)
         seconds = time.monotonic() - start
-        stats = {}
+        stats, failures = {}, []
         if report.exists():
             hosts = json.loads(report.read_text())["runs"][-1]["hosts"]
             # The report keys hosts by name (p40fleet.report/v1); a list of entries naming theirs is read too.
-            entries = hosts.items() if isinstance(hosts, dict) else ((h["host"], h) for h in hosts)
+            entries = list(hosts.items() if isinstance(hosts, dict) else ((h["host"], h) for h in hosts))
             stats = {name: entry["stats"] for name, entry in entries}
-    return Run(seconds, done.returncode, stats, stdout=done.stdout + done.stderr, cpu_seconds=cpu[0])
+            failures = [
+                f"{name}: [{f.get('role', '')}] {f.get('task', '')}: {(f.get('message') or '').splitlines()[:1]}"
+                for name, entry in entries
+                for f in entry.get("failures", [])
+            ]
+    return Run(seconds, done.returncode, stats, stdout=done.stdout + done.stderr, failures=failures, cpu_seconds=cpu[0])
 
 
 def must_succeed(run: Run, what: str) -> Run:
@@ -625,6 +630,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-settings", action="store_true", help="skip the pipelining and fact cache rows")
     parser.add_argument("--other-ansible", help="another ansible-playbook binary to time beside this one")
     parser.add_argument("--quick", action="store_true", help="a small version: --hosts 2 --rounds 2 --fresh-sizes 1")
+    parser.add_argument(
+        "--inventory-vars",
+        type=json.loads,
+        default={},
+        help="JSON object of variables for every bench host (an inventory file, so every run path sees them),"
+        " e.g. '{\"gpu_preflight_strict\": false}' where a shared disk is short of what preflight asks",
+    )
     parser.add_argument("--json", type=Path, default=RUNS_DIR / "bench.json")
     parser.add_argument("--keep", action="store_true", help="leave the sandbox running")
     args = parser.parse_args(argv)
@@ -660,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
             "extra_rounds": args.extra_rounds,
             "fresh_sizes": fresh_sizes,
             "mitogen": args.mitogen,
+            "inventory_vars": args.inventory_vars,
         },
         "notes": [
             f"one sandbox of {total} host(s); the 1/2/4/8-host figures are one converged {fleet_size}-host fleet"
@@ -676,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"sandbox bench: {total} hosts")
         sandbox.up(["p40"] * total)
+        if args.inventory_vars:
+            # Beside the sandbox's own group_vars, read by ansible-playbook, ansible-runner and p40fleet run alike.
+            (sandbox.inventory_dir / "group_vars" / "all.yml").write_text(
+                "---\n" + json.dumps(args.inventory_vars) + "\n"
+            )
+            data["notes"].append(f"every host had these inventory variables: {json.dumps(args.inventory_vars)}")
         mirror_dir = fixtures.build_standins().mirror_dir
         if fresh_sizes:
             data["artifact_fetch"] = fresh_fleet_runs(sandbox, names[:fresh_needed], fresh_sizes, mirror_dir)
