@@ -3,27 +3,51 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 PYTHON ?= python3
-SYSTEM_PACKAGES := podman runc debootstrap openssh-client git ca-certificates apt-utils gnupg
+# What a controller needs to provision: ssh (Ansible's connection), git (`p40fleet bundle` clones the pinned
+# Apex and verl) and the CA certificates TLS checks against.
+CONTROLLER_PACKAGES := openssh-client git ca-certificates
+# Only the sandbox and the tests: podman, runc and debootstrap build and run the sandbox hosts (nothing is pulled
+# from a registry); apt-ftparchive (apt-utils) and gpg index and sign the sandbox's own apt repository.
+SANDBOX_PACKAGES := podman runc debootstrap apt-utils gnupg
+# Tests only: headless Chromium renders the HTML fleet report into a screenshot.
+TEST_SYSTEM_PACKAGES := chromium
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps system-deps venv fixtures lint pytest molecule test demo bench clean lock
+.PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps venv fixtures lint pytest molecule \
+  test demo bench clean lock
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
 	@echo "make test   lint, molecule scenarios and pytest (what CI runs)"
+	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
 
-deps: system-deps venv fixtures
+# An operator's controller: the tools and the Python venv, nothing of the sandbox.
+deps: controller-deps venv
 
-# Podman, runc and debootstrap build and run the sandbox hosts; nothing is pulled from a registry.
-# apt-ftparchive (apt-utils) and gpg index and sign the sandbox's own apt repository.
-system-deps:
-	@missing=""; for cmd in podman runc debootstrap ssh git apt-ftparchive gpg; do \
-	  command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
+controller-deps:
+	@missing=""; for cmd in ssh git; do command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
+	[ -f /etc/ssl/certs/ca-certificates.crt ] || missing="$$missing ca-certificates"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing system packages (missing:$$missing)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CONTROLLER_PACKAGES); \
 	fi
+
+# The sandbox fleet and the tests: its system packages and the upstream fixtures, on top of deps.
+sandbox-deps: deps sandbox-system-deps fixtures
+
+sandbox-system-deps:
+	@missing=""; for cmd in podman runc debootstrap apt-ftparchive gpg; do \
+	  command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing the sandbox's system packages (missing:$$missing)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SANDBOX_PACKAGES); \
+	fi
+
+test-deps:
+	@command -v chromium >/dev/null || { echo "Installing test-only system packages: $(TEST_SYSTEM_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  $(TEST_SYSTEM_PACKAGES); }
 
 venv: $(VENV)/.installed
 
@@ -33,7 +57,8 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-# Real upstream files the tests use (verl's sdist, wheels for its config), fetched before any test.
+# Real upstream files the tests use (verl's sdist, wheels for its config, the wheels p40fleet's own wheel
+# installs with), fetched before any test.
 fixtures: venv
 	$(BIN)/p40fleet fixtures
 
@@ -44,15 +69,15 @@ lint: venv
 	$(BIN)/ruff format --check python playbooks/files roles
 	$(BIN)/ansible-playbook site.yml --syntax-check -i inventory/hosts.example.yml
 
-molecule: deps
+molecule: sandbox-deps
 	$(BIN)/molecule test --all
 
-pytest: deps
+pytest: sandbox-deps test-deps
 	$(BIN)/pytest
 
 test: lint molecule pytest
 
-demo: deps
+demo: sandbox-deps
 	$(BIN)/p40fleet demo --report .runs/demo-report.json
 
 clean:
@@ -61,7 +86,7 @@ clean:
 
 # Figures for the speed goals (prints a table, writes .runs/bench.json, never fails on time); a small version:
 # make bench BENCH_ARGS=--quick. See python/tests/benchmarks/bench.py for what it measures.
-bench: deps
+bench: sandbox-deps
 	$(BIN)/python python/tests/benchmarks/bench.py $(BENCH_ARGS)
 
 # verl's dependency locks, one per Python (the sandbox's env is Python 3.11). Needs PyPI: never run by tests.

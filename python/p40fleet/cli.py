@@ -1,11 +1,15 @@
 """The p40fleet command: provision a fleet, run the sandbox, and report in a form scripts can trust.
 
 Exit codes (also in README.md):
-  0  every host converged (and, for `demo`, the second run changed nothing)
-  1  p40fleet itself could not run (bad arguments, missing inventory, podman or ansible missing)
+  0  every host converged (and, for `demo`, the second run changed nothing); for `run
+     --retry-failed`, also: the last run had no failed or unreachable host, nothing to retry
+  1  p40fleet itself could not run (bad arguments, missing inventory, podman or ansible missing,
+     another run holds the inventory, --retry-failed with no previous run)
   2  one or more hosts failed
   3  one or more hosts were unreachable, none failed
-  4  `demo` only: the second run reported changes (the playbook is not idempotent)
+  4  bad input: the inventory or a variable (inventory or -e) is invalid; found before any host
+     was touched, nothing ran
+  5  `demo` only: the second run reported changes (the playbook is not idempotent)
 """
 
 from __future__ import annotations
@@ -15,32 +19,44 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
+from p40fleet import fleet, html_report
 from p40fleet import report as report_mod
+from p40fleet.api import (
+    EXIT_BAD_INPUT,
+    EXIT_ERROR,
+    EXIT_HOSTS_FAILED,
+    EXIT_HOSTS_UNREACHABLE,
+    EXIT_NOT_IDEMPOTENT,
+    EXIT_OK,
+    exit_code_for,
+    provision,
+    refresh_state,
+)
 from p40fleet.fixtures import FixtureError, fetch_upstream
-from p40fleet.paths import SITE_PLAYBOOK
-from p40fleet.run import RunError, run_playbook
+from p40fleet.inputs import InventoryError, load_inventory
+from p40fleet.lock import RunLocked
+from p40fleet.progress import make_progress, one_line
+from p40fleet.run import RunError, ansible_env
 from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, LOGIN_MODES, OS_RELEASES, Sandbox, SandboxError, gpu_profiles
+from p40fleet.state import StateDir
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_HOSTS_FAILED = 2
-EXIT_HOSTS_UNREACHABLE = 3
-EXIT_NOT_IDEMPOTENT = 4
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_ERROR",
+    "EXIT_HOSTS_FAILED",
+    "EXIT_HOSTS_UNREACHABLE",
+    "EXIT_NOT_IDEMPOTENT",
+    "EXIT_OK",
+    "exit_code_for",
+    "main",
+]
 
 DEMO_PROFILES = ("p40", "p40-old-smi", "p40x2")
 
 console = Console(stderr=True, highlight=False)
-
-
-def exit_code_for(result) -> int:
-    if any(stats["failures"] for stats in result.stats.values()):
-        return EXIT_HOSTS_FAILED
-    if any(stats["unreachable"] for stats in result.stats.values()):
-        return EXIT_HOSTS_UNREACHABLE
-    if result.rc != 0:
-        return EXIT_HOSTS_FAILED
-    return EXIT_OK
 
 
 def _profiles(text: str) -> list[str]:
@@ -81,34 +97,53 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_and_report(args: argparse.Namespace, inventory: Path, label: str, extra_cmdline=()):
-    cmdline = list(extra_cmdline)
-    if getattr(args, "limit", None):
-        cmdline += ["--limit", args.limit]
-    if getattr(args, "tags", None):
-        cmdline += ["--tags", args.tags]
-    if getattr(args, "check", False):
-        cmdline += ["--check", "--diff"]
-    result = run_playbook(
-        playbook=getattr(args, "playbook", None) or SITE_PLAYBOOK,
-        inventory=inventory,
-        cmdline=cmdline,
-        progress=report_mod.Progress(console, label),
-        become_password_file=getattr(args, "become_password_file", None),
-    )
-    return result
+def _provision(args: argparse.Namespace, inventory: Path, label: str):
+    with make_progress(console, label) as progress:
+        return provision(
+            inventory,
+            playbook=getattr(args, "playbook", None),
+            limit=getattr(args, "limit", None),
+            tags=getattr(args, "tags", None),
+            extra_vars=getattr(args, "extra_vars", None) or (),
+            check=getattr(args, "check", False),
+            forks=getattr(args, "forks", None),
+            serial=getattr(args, "serial", None),
+            max_fail_percentage=getattr(args, "max_fail_percentage", None),
+            become_password_file=getattr(args, "become_password_file", None),
+            retry_failed=getattr(args, "retry_failed", False),
+            state_dir=getattr(args, "state_dir", None),
+            keep_runs=getattr(args, "keep_runs", None),
+            pass_env=getattr(args, "pass_env", None) or (),
+            progress=progress,
+            label=label,
+        )
+
+
+def _say_why_nothing_ran(result) -> None:
+    if result.problems:
+        console.out(
+            f"p40fleet: bad input, nothing was run and no host was contacted ({len(result.problems)} problem(s)):",
+            highlight=False,
+        )
+        for problem in result.problems:
+            console.out(f"  - {problem}", highlight=False)
+    elif result.message:
+        console.out(f"p40fleet: {result.message}", highlight=False)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     inventory = Path(args.inventory)
     if not inventory.exists():
-        console.print(f"[red]Inventory {inventory} not found.[/] Copy inventory/hosts.example.yml and edit it.")
+        console.out(f"p40fleet: inventory {inventory} not found: copy inventory/hosts.example.yml and edit it")
         return EXIT_ERROR
-    result = _run_and_report(args, inventory, "run")
+    result = _provision(args, inventory, "run")
     summary = report_mod.build_report([("run", result)])
-    report_mod.print_summary(console, summary)
+    if result.run_id is None:
+        _say_why_nothing_ran(result)
+    else:
+        report_mod.print_summary(console, summary)
     report_mod.write_report(summary, args.report)
-    return exit_code_for(result)
+    return result.exit_code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -118,19 +153,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sandbox.up(profiles, login=args.login, os_name=args.os)
     if args.login == "sudo-password" and args.become_password_file is None:
         args.become_password_file = sandbox.become_password_file
-    first = _run_and_report(args, sandbox.inventory_dir, "first run")
-    second = _run_and_report(args, sandbox.inventory_dir, "second run") if exit_code_for(first) == 0 else None
+    first = _provision(args, sandbox.inventory_dir, "first run")
+    second = _provision(args, sandbox.inventory_dir, "second run") if first.exit_code == EXIT_OK else None
     runs = [("first run", first)] + ([("second run", second)] if second else [])
     summary = report_mod.build_report(runs)
     report_mod.print_summary(console, summary)
     report_mod.write_report(summary, args.report)
-    code = exit_code_for(first)
-    if code != EXIT_OK:
-        return code
-    code = exit_code_for(second)
-    if code != EXIT_OK:
-        return code
-    changed = {host: stats["changed"] for host, stats in second.stats.items() if stats["changed"]}
+    if first.exit_code != EXIT_OK:
+        return first.exit_code
+    if second.exit_code != EXIT_OK:
+        return second.exit_code
+    changed = {host: r.stats.changed for host, r in second.hosts.items() if r.stats.changed}
     if changed:
         console.print(f"[red]Second run changed something:[/] {changed}")
         return EXIT_NOT_IDEMPOTENT
@@ -140,9 +173,139 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _record_line(record: fleet.HostRecord) -> str:
+    parts = [f"{record.host}: {record.status}"]
+    if record.gpu:
+        parts.append(record.gpu)
+    if record.driver:
+        parts.append(f"driver {record.driver}")
+    if record.profile:
+        parts.append(f"profile {record.profile}")
+    for label, value in (
+        ("CUDA", record.cuda),
+        ("cuDNN", record.cudnn),
+        ("torch", record.torch),
+        ("Apex", record.apex),
+        ("verl", record.verl),
+        ("patch set", record.patch_set),
+        ("launch script", record.launch_script),
+    ):
+        if value:
+            parts.append(f"{label} {value}")
+    if record.drift:
+        parts.append("drift: " + "; ".join(f"{stage}: {', '.join(r)}" for stage, r in record.drift.items()))
+    if record.last_run:
+        parts.append(f"last run {record.last_run.state} at {record.last_run.finished} ({record.last_run.run_id})")
+    return " · ".join(parts)
+
+
+def print_records(records: list[fleet.HostRecord], totals: dict) -> None:
+    head = f"p40fleet report: {totals['hosts']} host(s): " + ", ".join(
+        f"{n} {status}" for status, n in totals.items() if status != "hosts" and n
+    )
+    if console.is_terminal:
+        table = Table(title=escape(head))
+        for column in ("host", "status", "GPU", "driver", "profile", "CUDA", "torch", "verl", "patch set", "last run"):
+            table.add_column(column, overflow="fold")
+        for r in records:
+            last = f"{r.last_run.state} {r.last_run.finished}" if r.last_run else ""
+            cells = (r.host, r.status, r.gpu, r.driver, r.profile, r.cuda, r.torch, r.verl, r.patch_set, last)
+            table.add_row(*(escape(str(c)) if c else "-" for c in cells))
+        console.print(table)
+    else:
+        console.out(head, highlight=False)
+        for record in records:
+            console.out(f"  {_record_line(record)}", highlight=False)
+    for record in records:
+        if record.first_failure:
+            failure = record.first_failure
+            console.out(f"{record.host}: first failure: {failure.task}: {one_line(failure.message)}", highlight=False)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    inventory = Path(args.inventory)
+    if not inventory.exists():
+        console.out(f"p40fleet: inventory {inventory} not found")
+        return EXIT_ERROR
+    inventory = inventory.resolve()
+    state = StateDir(args.state_dir)
+    code = EXIT_OK
+    if args.refresh:
+        with make_progress(console, "state refresh") as progress:
+            refreshed = refresh_state(
+                inventory,
+                limit=args.limit,
+                state_dir=state,
+                become_password_file=args.become_password_file,
+                progress=progress,
+            )
+        code = refreshed.exit_code
+        if refreshed.missing:
+            console.out(f"p40fleet: no state probe result from {', '.join(refreshed.missing)}", highlight=False)
+    try:
+        names = load_inventory(inventory, ansible_env(inventory)).hosts
+    except InventoryError as error:
+        console.out(f"p40fleet: {error}", highlight=False)
+        return EXIT_BAD_INPUT
+    saved = state.inventory(inventory).read_hosts()
+    saved["hosts"] = {h: v for h, v in saved.get("hosts", {}).items() if h in names}
+    records = fleet.host_records(saved, hosts=names)
+    data = fleet.fleet_report(records, str(inventory))
+    if args.json:
+        report_mod.write_report(data, args.json)
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(html_report.render_html(data), encoding="utf-8")
+    print_records(records, data["totals"])
+    for path in (args.json, args.html):
+        if path:
+            print(path)
+    return code
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
     path = fetch_upstream()
     console.print(f"Upstream fixtures in {path}")
+    return EXIT_OK
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from p40fleet.fetch import FetchError, fill_controller_cache
+
+    try:
+        outcomes = fill_controller_cache(args.inventory, args.limit)
+    except FetchError as error:
+        console.print(f"[red]p40fleet fetch: {error}[/]")
+        return EXIT_ERROR
+    kept = sum(1 for outcome in outcomes if outcome.state == "present")
+    console.print(f"Controller cache: {len(outcomes) - kept} downloaded, {kept} already there and valid.")
+    return EXIT_OK
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from p40fleet.bundle import make_bundle
+    from p40fleet.fetch import FetchError
+
+    try:
+        result = make_bundle(args.dir, args.inventory, args.limit)
+    except FetchError as error:
+        console.print(f"[red]p40fleet bundle: {error}[/]")
+        return EXIT_ERROR
+    kept = sum(1 for outcome in result.outcomes if outcome.state == "present")
+    console.print(
+        f"Bundle {result.out_dir}: {len(result.outcomes)} files ({len(result.outcomes) - kept} downloaded),"
+        f" repositories {', '.join(result.repositories) or 'none'}; checksums in SHA256SUMS."
+    )
+    for note in result.notes:
+        console.print(f"[yellow]Note:[/] {note}")
+    console.print(
+        "Serve the directory as is over HTTP(S) and point the fleet at it (group_vars):\n"
+        "  artifact_fetch_source: mirror\n"
+        "  artifact_fetch_mirror_base_url: <the URL the directory is served at>\n"
+        "  pytorch_source: mirror\n"
+        "  apex_git_source: mirror\n"
+        "  verl_git_source: mirror"
+    )
     return EXIT_OK
 
 
@@ -160,17 +323,79 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="p40fleet", description=__doc__.split("\n", 1)[0])
     sub = top.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run site.yml against an inventory")
+    state = argparse.ArgumentParser(add_help=False)
+    state.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where runs, the last report and the hosts' state are kept (default $P40FLEET_STATE_DIR,"
+        " else $XDG_STATE_HOME/p40fleet, else ~/.local/state/p40fleet)",
+    )
+    state.add_argument(
+        "--keep-runs",
+        type=int,
+        help="how many runs (ansible-runner private dirs with their artifacts) to keep per inventory"
+        " (default $P40FLEET_KEEP_RUNS, else 10)",
+    )
+
+    run = sub.add_parser("run", parents=[state], help="run site.yml against an inventory")
     run.add_argument("-i", "--inventory", default="inventory/hosts.yml")
     run.add_argument("--playbook", type=Path, help="another playbook than site.yml (e.g. playbooks/verify.yml)")
     run.add_argument("-l", "--limit")
     run.add_argument("-t", "--tags")
+    run.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        metavar="VARS",
+        help="variables as ansible-playbook takes them: key=value, JSON/YAML, or @FILE (repeatable);"
+        " checked against the roles' argument specs before any host is touched, and handed to"
+        " ansible-playbook as a file, so no value reaches the runner's artifacts",
+    )
     run.add_argument("--check", action="store_true", help="dry run: --check --diff")
+    run.add_argument("--forks", type=int, help="hosts worked on in parallel (ansible's --forks; ansible.cfg: 20)")
+    run.add_argument(
+        "--serial",
+        help="hosts per batch, as a count, a percentage (25%%) or a list (1,10%%,50%%): the play keyword serial,"
+        " a batch goes through the play before the next one starts",
+    )
+    run.add_argument(
+        "--max-fail-percentage",
+        type=int,
+        help="stop the run when more than this percentage of a batch's hosts failed (play keyword max_fail_percentage)",
+    )
+    run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="only the hosts that failed or were unreachable in the last run against this inventory"
+        " (within --limit, if given)",
+    )
+    run.add_argument(
+        "--pass-env",
+        action="append",
+        metavar="NAME",
+        help="pass this environment variable to ansible-playbook too (repeatable); only what Ansible and SSH"
+        " need is passed otherwise, and the value is redacted in the runner's artifacts",
+    )
     run.add_argument("--report", type=Path, help="write the machine-readable report (JSON) here")
     run.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     run.set_defaults(func=cmd_run)
 
-    demo = sub.add_parser("demo", help="provision a sandbox fleet end to end, twice, and report")
+    report = sub.add_parser(
+        "report", parents=[state], help="what each host now is: GPU, driver, profile, versions, last run"
+    )
+    report.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    report.add_argument("--json", type=Path, help="write the fleet report as JSON here")
+    report.add_argument("--html", type=Path, help="write the fleet report as one static HTML page here")
+    report.add_argument(
+        "--refresh",
+        action="store_true",
+        help="read every host's state first (playbooks/state.yml: the read-only state probe, nothing changed)",
+    )
+    report.add_argument("-l", "--limit", help="with --refresh: probe only these hosts")
+    report.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
+    report.set_defaults(func=cmd_report)
+
+    demo = sub.add_parser("demo", parents=[state], help="provision a sandbox fleet end to end, twice, and report")
     demo.add_argument("--name", default="demo")
     demo.add_argument("--profiles", help=f"comma-separated GPU profiles (default {','.join(DEMO_PROFILES)})")
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
@@ -203,6 +428,17 @@ def parser() -> argparse.ArgumentParser:
 
     fixtures = sub.add_parser("fixtures", help="fetch the real upstream files the tests use (PyPI)")
     fixtures.set_defaults(func=cmd_fixtures)
+
+    fetch = sub.add_parser("fetch", help="download every pinned artifact into the controller cache (verified)")
+    fetch.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    fetch.add_argument("-l", "--limit")
+    fetch.set_defaults(func=cmd_fetch)
+
+    bundle = sub.add_parser("bundle", help="write one directory a fleet mirror serves as is (air-gapped fleets)")
+    bundle.add_argument("dir", type=Path, help="the bundle directory (created; what is there and valid is kept)")
+    bundle.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    bundle.add_argument("-l", "--limit")
+    bundle.set_defaults(func=cmd_bundle)
     return top
 
 
@@ -210,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (SandboxError, RunError, FixtureError) as error:
-        console.print(f"[red]p40fleet: {error}[/]")
+    except (SandboxError, RunError, RunLocked, FixtureError, ValueError) as error:
+        console.out(f"p40fleet: {error}", highlight=False)
         return EXIT_ERROR
 
 

@@ -2,9 +2,10 @@
 
 Real third-party files (verl's sdist and the wheels its config needs) are fetched from PyPI by
 `p40fleet fixtures fetch` (run by `make fixtures`), never at test time, and so are the real files of
-the sandbox's verl dependency lock (fetch_locked_wheels), which the sandbox mirror serves. Stand-ins for what cannot be
-downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are built by the
-modules in python/tests/fixtures/standins/artifacts/, each exposing
+the sandbox's verl dependency lock (fetch_locked_wheels), which the sandbox mirror serves, and the wheels of
+p40fleet's own dependencies (fetch_package_dependencies: a fresh venv installs the p40fleet wheel offline).
+Stand-ins for what cannot be downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are
+built by the modules in python/tests/fixtures/standins/artifacts/, each exposing
 `build(out_dir, upstream_dir) -> dict` of the inventory variables that point the roles at them.
 """
 
@@ -19,13 +20,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from p40fleet.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
+from p40fleet import paths
+from p40fleet.paths import CACHE_DIR, ROLES_DIR
 
-BUILDERS_DIR = STANDINS_DIR / "artifacts"
-VERL_LOCKS_DIR = REPO_ROOT / "roles" / "verl" / "files"
+VERL_LOCKS_DIR = ROLES_DIR / "verl" / "files"
 # The sandbox env's Python is the hosts' python3 (Debian 12), which the Miniconda stand-in can only give, and
 # the verl release the sandbox installs: together they pick the lock whose real wheels the mirror serves.
 SANDBOX_PYTHON = "3.11"
@@ -36,6 +38,25 @@ class FixtureError(RuntimeError):
     pass
 
 
+def _checkout() -> Path:
+    try:
+        return paths.checkout("the test fixtures")
+    except paths.CheckoutRequired as error:
+        raise FixtureError(str(error)) from None
+
+
+def _builders_dir() -> Path:
+    return _checkout() / "python" / "tests" / "fixtures" / "standins" / "artifacts"
+
+
+def _upstream_dir() -> Path:
+    return _checkout() / ".cache" / "upstream"
+
+
+def _upstream_list() -> Path:
+    return _checkout() / "python" / "tests" / "fixtures" / "upstream.txt"
+
+
 @dataclass
 class StandinArtifacts:
     mirror_dir: Path
@@ -44,16 +65,17 @@ class StandinArtifacts:
 
 def upstream_requirements() -> list[tuple[str, str]]:
     """The (kind, requirement) pairs listed in upstream.txt; kind is sdist or wheel."""
-    if not UPSTREAM_LIST.exists():
+    upstream_list = _upstream_list()
+    if not upstream_list.exists():
         return []
     entries = []
-    for number, raw in enumerate(UPSTREAM_LIST.read_text().splitlines(), start=1):
+    for number, raw in enumerate(upstream_list.read_text().splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         kind, _, requirement = line.partition(" ")
         if kind not in {"sdist", "wheel"} or not requirement.strip():
-            raise FixtureError(f"{UPSTREAM_LIST}:{number}: expected 'sdist NAME==VER' or 'wheel NAME==VER'")
+            raise FixtureError(f"{upstream_list}:{number}: expected 'sdist NAME==VER' or 'wheel NAME==VER'")
         entries.append((kind, requirement.strip()))
     return entries
 
@@ -62,17 +84,19 @@ def fetch_upstream() -> Path:
     """Download every listed file once, and the files of the sandbox's verl lock; what is there is kept."""
     _fetch_listed()
     fetch_locked_wheels(sandbox_verl_lock())
-    return UPSTREAM_DIR
+    fetch_package_dependencies()
+    return _upstream_dir()
 
 
 def _fetch_listed() -> None:
-    stamp = UPSTREAM_DIR / ".fetched"
+    upstream_dir = _upstream_dir()
+    stamp = upstream_dir / ".fetched"
     wanted = "\n".join(f"{k} {r}" for k, r in upstream_requirements())
     if stamp.exists() and stamp.read_text() == wanted:
         return
     pip = [sys.executable, "-m", "pip"]
     for kind, requirement in upstream_requirements():
-        target = UPSTREAM_DIR / kind
+        target = upstream_dir / kind
         target.mkdir(parents=True, exist_ok=True)
         if kind == "sdist":
             command = [*pip, "download", "--no-deps", "--no-binary", ":all:", "-d", str(target), requirement]
@@ -92,7 +116,7 @@ def sandbox_verl_lock() -> Path:
 
 def locked_files_dir(lock: Path) -> Path:
     """Where fetch_locked_wheels keeps the files of one lock (keyed by the lock's own name)."""
-    return UPSTREAM_DIR / "locked" / lock.name.removesuffix(".txt")
+    return _upstream_dir() / "locked" / lock.name.removesuffix(".txt")
 
 
 def fetch_locked_wheels(lock: Path) -> Path:
@@ -136,14 +160,48 @@ def fetch_locked_wheels(lock: Path) -> Path:
     return dest
 
 
+def package_dependencies_dir() -> Path:
+    """Wheels of p40fleet's own dependencies (pyproject.toml, pinned by constraints.txt), for installing the
+    p40fleet wheel into a fresh venv offline (python/tests/test_wheel.py)."""
+    return _upstream_dir() / "p40fleet-dependencies"
+
+
+def fetch_package_dependencies() -> Path:
+    """Download the wheels p40fleet's dependencies install from, once per dependency list and constraints."""
+    checkout = _checkout()
+    dependencies = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["dependencies"]
+    constraints = checkout / "constraints.txt"
+    dest = package_dependencies_dir()
+    stamp = dest / ".fetched"
+    wanted = hashlib.sha256(("\n".join(dependencies) + "\n").encode() + constraints.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix="fetching-"))
+    command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-d", str(staging)]
+    command += ["-c", str(constraints), *dependencies]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise FixtureError(f"fetching p40fleet's dependencies failed:\n{result.stdout[-4000:]}\n{result.stderr}")
+        (staging / ".fetched").write_text(wanted)
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
 def _builders() -> list[Path]:
-    return sorted(p for p in BUILDERS_DIR.glob("*.py") if not p.name.startswith("_"))
+    return sorted(p for p in _builders_dir().glob("*.py") if not p.name.startswith("_"))
 
 
 def standins_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted(p for p in BUILDERS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(BUILDERS_DIR)).encode())
+    builders = _builders_dir()
+    for path in sorted(p for p in builders.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(builders)).encode())
         digest.update(path.read_bytes())
     for kind, requirement in upstream_requirements():
         digest.update(f"{kind} {requirement}\n".encode())

@@ -1,98 +1,113 @@
-"""Progress per host while a run goes, then a summary table and a machine-readable report."""
+"""The summary after a run and the machine-readable report of it (schema p40fleet.report/v1)."""
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from p40fleet.progress import one_line
+from p40fleet.state import now
+
 REPORT_SCHEMA = "p40fleet.report/v1"
+STATE_COLOURS = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta"}
 
 
-class Progress:
-    """Prints one line per host and task outcome that matters (changed, failed, unreachable), and
-    one line per stage as it starts; ok and skipped results stay quiet."""
-
-    def __init__(self, console: Console, label: str) -> None:
-        self.console = console
-        self.label = label
-
-    def __call__(self, event: dict) -> None:
-        kind = event.get("event", "")
-        data = event.get("event_data", {})
-        host = data.get("host", "")
-        task = data.get("task", "")
-        role = data.get("role", "")
-        where = escape(f"[{role}] {task}" if role else task)
-        if kind == "playbook_on_play_start":
-            self.console.print(f"[bold]{self.label}[/] · {data.get('play', '')}")
-        elif kind == "runner_on_ok" and data.get("res", {}).get("changed"):
-            self.console.print(f"  [yellow]changed[/]     {host:10} {where}")
-        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
-            message = str(data.get("res", {}).get("msg", "")).splitlines()[:1]
-            self.console.print(f"  [red]failed[/]      {host:10} {where}: {escape(' '.join(message))}")
-        elif kind == "runner_on_unreachable":
-            self.console.print(f"  [red]unreachable[/] {host:10} {where}")
+def _failure(f) -> dict:
+    return {"task": f.task, "role": f.role, "message": f.message, "unreachable": f.unreachable}
 
 
-def _host_state(stats: dict[str, int]) -> str:
-    if stats["unreachable"]:
-        return "unreachable"
-    if stats["failures"]:
-        return "failed"
-    return "changed" if stats["changed"] else "ok"
+def run_entry(label: str, result) -> dict:
+    """One run (a ProvisionResult) as the report keeps it."""
+    return {
+        "label": label,
+        "run_id": result.run_id,
+        "inventory": str(result.inventory),
+        "playbook": str(result.playbook),
+        "limit": result.limit,
+        "tags": result.tags,
+        "check": result.check,
+        "started": result.started,
+        "finished": result.finished,
+        "rc": result.rc,
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "artifact_dir": str(result.artifact_dir) if result.artifact_dir else None,
+        "problems": list(result.problems),
+        "message": result.message,
+        "hosts": {
+            host: {
+                "state": entry.state,
+                "stats": dict(vars(entry.stats)),
+                "failures": [_failure(f) for f in entry.failures],
+            }
+            for host, entry in result.hosts.items()
+        },
+    }
 
 
 def build_report(runs: list[tuple[str, object]]) -> dict:
-    """One entry per run, each with per-host stats, state and failures (task, role, message)."""
-    report = {"schema": REPORT_SCHEMA, "generated": datetime.now(UTC).isoformat(), "runs": []}
-    for label, result in runs:
-        hosts = {}
-        for host, stats in result.stats.items():
-            hosts[host] = {
-                "state": _host_state(stats),
-                "stats": stats,
-                "failures": [
-                    {"task": f.task, "role": f.role, "message": f.message, "unreachable": f.unreachable}
-                    for f in result.host_failures(host)
-                ],
-            }
-        report["runs"].append(
-            {
-                "label": label,
-                "rc": result.rc,
-                "status": result.status,
-                "artifact_dir": str(result.artifact_dir),
-                "hosts": hosts,
-            }
-        )
-    return report
+    """One entry per run, each with per-host state, stats and failures (task, role, message)."""
+    return {"schema": REPORT_SCHEMA, "generated": now(), "runs": [run_entry(label, r) for label, r in runs]}
 
 
-def print_summary(console: Console, report: dict) -> None:
+def _first_failure(entry: dict) -> dict | None:
+    if entry["state"] in ("failed", "unreachable") and entry["failures"]:
+        return entry["failures"][0]
+    return None
+
+
+def print_summary(console: Console, report: dict, plain: bool | None = None) -> None:
+    """A table on a terminal; elsewhere plain lines that keep every column and every word, then each
+    host's first failure verbatim."""
+    plain = not console.is_terminal if plain is None else plain
     for run in report["runs"]:
-        table = Table(title=f"p40fleet · {run['label']} · {run['status']} (rc {run['rc']})")
-        for column in ("host", "state", "ok", "changed", "failed", "unreachable", "skipped", "first failure"):
-            table.add_column(column)
+        title = f"p40fleet · {run['label']} · {run['status']}" + (f" (rc {run['rc']})" if run["rc"] is not None else "")
+        if plain:
+            console.out(title, highlight=False)
+            for host, entry in run["hosts"].items():
+                stats = entry["stats"]
+                counts = " ".join(
+                    f"{key}={stats[key]}" for key in ("ok", "changed", "failures", "unreachable", "skipped", "rescued")
+                )
+                first = _first_failure(entry)
+                line = f"  {host}: {entry['state']} {counts}"
+                if first:
+                    where = f"[{first['role']}] {first['task']}" if first["role"] else first["task"]
+                    line += f" first failure: {where}: {one_line(first['message'])}"
+                console.out(line, highlight=False)
+        else:
+            table = Table(title=escape(title))
+            for column in ("host", "state", "ok", "changed", "failed", "unreachable", "skipped"):
+                table.add_column(column, no_wrap=True)
+            table.add_column("first failure", overflow="fold", ratio=1)
+            for host, entry in run["hosts"].items():
+                stats = entry["stats"]
+                first = _first_failure(entry)
+                table.add_row(
+                    escape(host),
+                    f"[{STATE_COLOURS.get(entry['state'], 'red')}]{entry['state']}[/]",
+                    str(stats["ok"]),
+                    str(stats["changed"]),
+                    str(stats["failures"]),
+                    str(stats["unreachable"]),
+                    str(stats["skipped"]),
+                    escape(f"{first['task']}: {(first['message'].splitlines() or [''])[0]}") if first else "",
+                )
+            console.print(table)
+        for problem in run.get("problems", []):
+            console.out(f"bad input: {problem}", highlight=False)
+        if run.get("message"):
+            console.out(run["message"], highlight=False)
         for host, entry in run["hosts"].items():
-            stats = entry["stats"]
-            colour = {"ok": "green", "changed": "yellow"}.get(entry["state"], "red")
-            first = entry["failures"][0] if entry["failures"] else None
-            table.add_row(
-                host,
-                f"[{colour}]{entry['state']}[/]",
-                str(stats["ok"]),
-                str(stats["changed"]),
-                str(stats["failures"]),
-                str(stats["unreachable"]),
-                str(stats["skipped"]),
-                escape(f"{first['task']}: {(first['message'].splitlines() or [''])[0]}") if first else "",
-            )
-        console.print(table)
+            first = _first_failure(entry)
+            if first and "\n" in first["message"].strip():
+                console.out(f"{host}: {first['task']}:", highlight=False)
+                for line in first["message"].strip().splitlines():
+                    console.out(f"    {line}", highlight=False)
 
 
 def write_report(report: dict, path: Path | None) -> None:

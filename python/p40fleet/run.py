@@ -1,22 +1,68 @@
-"""Run a playbook through ansible-runner and keep what a report needs: per-host stats and failures."""
+"""Run a playbook through ansible-runner and keep what a report needs: per-host stats and failures.
+
+Runner hygiene: each run gets its own private data dir under the state directory (outside the
+repository), the last N of an inventory are kept. Nothing secret is handed to ansible-runner in a
+form it writes down: extra vars go to ansible-playbook as `-e @FILE` (a 0600 file removed when the
+run ends), a sudo password as `--become-password-file`, `env/` files are suppressed, and the
+environment ansible-runner records (`artifacts/<id>/command`, the `starting` status) holds only what
+ansible-playbook needs, with secret-looking values redacted.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
+import re
 import shlex
 import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import ansible_runner
+from ansible_runner.utils import signal_handler
 
-from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT, RUNS_DIR
+from p40fleet.paths import ANSIBLE_CONFIG, SANDBOX_DIR
+from p40fleet.state import StateDir, default_keep_runs, now
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
+
+# What ansible-playbook and ssh need from the controller's environment; the rest stays behind.
+PASSED_ENV = {
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "SSH_AUTH_SOCK",
+    "XDG_RUNTIME_DIR",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+}
+PASSED_ENV_PREFIXES = ("LC_", "ANSIBLE_")
+# Redacted where ansible-runner writes the environment down (the child still gets the value).
+SECRET_NAME = re.compile(r"PASS|TOKEN|SECRET|CREDENTIAL|PRIVATE|(?<!SSH_)AUTH(?!_SOCK)|(^|_)KEY$", re.I)
+NOT_SECRET_NAME = re.compile(r"_(FILE|PATH|DIR|SOCK|PLUGINS|METHOD|EXE|USER)$", re.I)
+URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+REDACTED = "**redacted by p40fleet**"
 
 
 class RunError(RuntimeError):
@@ -68,9 +114,16 @@ class RunResult:
     stdout: str
     artifact_dir: Path
     events: list[dict] = field(repr=False, default_factory=list)
+    run_id: str = ""
+    started: str = ""
+    finished: str = ""
 
     def host_failures(self, host: str) -> list[HostFailure]:
         return [f for f in self.failures if f.host == host]
+
+    @property
+    def private_data_dir(self) -> Path:
+        return self.artifact_dir.parent.parent
 
 
 def _failure_message(result: dict) -> str:
@@ -92,88 +145,155 @@ def _stats_from(event_data: dict) -> dict[str, dict[str, int]]:
     return {h: {key: int(column.get(h, 0)) for key, column in columns.items()} for h in sorted(hosts)}
 
 
+def failure_from_event(event: dict) -> HostFailure | None:
+    data = event.get("event_data", {})
+    kind = event.get("event", "")
+    if kind not in ("runner_on_failed", "runner_on_unreachable") or data.get("ignore_errors"):
+        return None
+    return HostFailure(
+        host=data.get("host", "?"),
+        task=data.get("task", "?"),
+        role=data.get("role", ""),
+        message=_failure_message(data.get("res", {})),
+        unreachable=kind == "runner_on_unreachable",
+    )
+
+
+def bin_dir() -> str:
+    return str(Path(sys.executable).parent)
+
+
+def ansible_env(inventory: Path, envvars: dict | None = None, pass_env: Iterable[str] = ()) -> dict[str, str]:
+    """The environment ansible-playbook (and ansible-inventory) runs with: what it needs of ours,
+    the variables asked for by name, and p40fleet's settings."""
+    passed = set(pass_env)
+    env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k in passed or k.startswith(PASSED_ENV_PREFIXES)}
+    env.update(
+        {
+            "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
+            "PATH": bin_dir() + os.pathsep + os.environ.get("PATH", os.defpath),
+            "ANSIBLE_FORCE_COLOR": "0",
+            # ansible-runner turns host key checking off unless told otherwise; p40fleet never does.
+            "ANSIBLE_HOST_KEY_CHECKING": "True",
+            **mitogen_envvars(),
+        }
+    )
+    if inventory.is_relative_to(SANDBOX_DIR):
+        # Sandboxes reuse host names (node1...): keep their fact caches apart.
+        env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(inventory.parent / "fact_cache"))
+    env.update(envvars or {})
+    return env
+
+
+def redact_env(env: dict[str, str], secret_names: Iterable[str] = ()) -> dict[str, str]:
+    secret = set(secret_names)
+    redacted = {}
+    for key, value in env.items():
+        if key in secret or (SECRET_NAME.search(key) and not NOT_SECRET_NAME.search(key)):
+            redacted[key] = REDACTED
+        else:
+            redacted[key] = URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", value)
+    return redacted
+
+
+def _checked_password_file(become_password_file: Path | str) -> Path:
+    password_file = Path(become_password_file).resolve()
+    if not password_file.is_file() or not os.access(password_file, os.R_OK):
+        raise RunError(f"become password file {password_file} is not a readable file")
+    mode = password_file.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise RunError(f"become password file {password_file} is open to other users (mode {mode:04o}): chmod 600 it")
+    return password_file
+
+
 def run_playbook(
     playbook: Path | str,
     inventory: Path | str,
     cmdline: Sequence[str] = (),
-    extravars: dict | None = None,
+    extravars: dict | Sequence[dict | Path] | None = None,
     envvars: dict | None = None,
     progress: Callable[[dict], None] | None = None,
-    keep_artifacts: int = 5,
     become_password_file: Path | str | None = None,
+    state_dir: StateDir | Path | str | None = None,
+    keep_runs: int | None = None,
+    pass_env: Iterable[str] = (),
 ) -> RunResult:
     """Run one playbook; never raises for host failures, only when ansible could not run at all.
 
-    A sudo password is given as a file that ansible-playbook reads itself (--become-password-file):
-    only its path reaches ansible-runner, so the password is in no artifact (command, env, job
-    events, stdout)."""
-    bin_dir = str(Path(sys.executable).parent)
-    if shutil.which("ansible-playbook", path=bin_dir + os.pathsep + os.environ.get("PATH", "")) is None:
+    `extravars` (a mapping, or mappings and files in -e order) reach ansible-playbook as files
+    (`-e @FILE`; a mapping is written to a 0600 file removed afterwards), and a sudo
+    password as `--become-password-file`: only paths reach ansible-runner, so neither is in any
+    artifact (command, env, job events, stdout). `pass_env` names further environment variables the
+    play needs (their values are redacted in the artifacts)."""
+    if shutil.which("ansible-playbook", path=bin_dir() + os.pathsep + os.environ.get("PATH", "")) is None:
         raise RunError("ansible-playbook not found: run `make deps`")
+    state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
+    keep = keep_runs if keep_runs is not None else default_keep_runs()
+    inventory = Path(inventory).resolve()
     cmdline = list(cmdline)
     if become_password_file is not None:
-        password_file = Path(become_password_file).resolve()
-        if not password_file.is_file() or not os.access(password_file, os.R_OK):
-            raise RunError(f"become password file {password_file} is not a readable file")
-        mode = password_file.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise RunError(
-                f"become password file {password_file} is open to other users (mode {mode:04o}): chmod 600 it"
-            )
-        cmdline += ["--become-password-file", str(password_file)]
-    RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    private_data_dir = Path(tempfile.mkdtemp(dir=RUNS_DIR, prefix="run-"))
+        cmdline += ["--become-password-file", str(_checked_password_file(become_password_file))]
+    pass_env = list(pass_env)
+    inventory_state = state.inventory(inventory)
+    run_id, private_data_dir = inventory_state.new_run()
     events: list[dict] = []
     failures: list[HostFailure] = []
 
     def on_event(event: dict) -> bool:
         events.append(event)
-        data = event.get("event_data", {})
-        kind = event.get("event", "")
-        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
-            failures.append(
-                HostFailure(
-                    host=data.get("host", "?"),
-                    task=data.get("task", "?"),
-                    role=data.get("role", ""),
-                    message=_failure_message(data.get("res", {})),
-                    unreachable=kind == "runner_on_unreachable",
-                )
-            )
+        failure = failure_from_event(event)
+        if failure is not None:
+            failures.append(failure)
         if progress is not None:
             progress(event)
         return True  # ansible-runner keeps the event (and its stats) only when this is truthy
 
-    env = {
-        "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
-        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_FORCE_COLOR": "0",
-        # ansible-runner turns host key checking off unless told otherwise; p40fleet never does.
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        **mitogen_envvars(),
-        **(envvars or {}),
-    }
-    inventory = Path(inventory).resolve()
-    if inventory.is_relative_to(REPO_ROOT / ".sandbox"):
-        # Sandboxes reuse host names (node1...): keep their fact caches apart.
-        env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(inventory.parent / "fact_cache"))
-    runner = ansible_runner.run(
-        private_data_dir=str(private_data_dir),
-        playbook=str(Path(playbook).resolve()),
-        inventory=str(inventory),
-        cmdline=shlex.join(cmdline) if cmdline else None,
-        extravars=extravars or {},
-        envvars=env,
-        event_handler=on_event,
-        quiet=True,
-        suppress_env_files=True,
-        rotate_artifacts=keep_artifacts,
-    )
+    def on_status(status: dict, runner_config) -> None:
+        # ansible-runner has written artifacts/<id>/command (with the environment) and not yet
+        # started ansible-playbook: rewrite it without secret values before anything runs.
+        if status.get("status") == "running":
+            command_file = Path(runner_config.artifact_dir) / "command"
+            if command_file.exists():
+                recorded = json.loads(command_file.read_text(encoding="utf-8"))
+                recorded["env"] = redact_env(recorded.get("env", {}), pass_env)
+                command_file.write_text(json.dumps(recorded, ensure_ascii=False), encoding="utf-8")
+
+    env = ansible_env(inventory, envvars, pass_env)
+    started = now()
+    items = [extravars] if isinstance(extravars, Mapping) else list(extravars or [])
+    with contextlib.ExitStack() as stack:
+        for item in items:
+            if isinstance(item, Mapping):
+                if item:
+                    cmdline += ["-e", f"@{stack.enter_context(state.secret_json(dict(item)))}"]
+            else:
+                cmdline += ["-e", f"@{Path(item).resolve()}"]
+        config = ansible_runner.RunnerConfig(
+            private_data_dir=str(private_data_dir),
+            ident=run_id,
+            playbook=str(Path(playbook).resolve()),
+            inventory=str(inventory),
+            cmdline=shlex.join(cmdline) if cmdline else None,
+            envvars=env,
+            quiet=True,
+            suppress_env_files=True,
+            rotate_artifacts=0,
+        )
+        config.prepare()
+        # ansible-runner seeds the run's environment with all of ours: keep only what ansible
+        # needs (and what ansible-runner itself set for its callback).
+        config.env = {k: v for k, v in config.env.items() if k in env or k not in os.environ or os.environ[k] != v}
+        runner = ansible_runner.Runner(
+            config, event_handler=on_event, status_handler=on_status, cancel_callback=signal_handler()
+        )
+        runner.run()
+    finished = now()
     stats: dict[str, dict[str, int]] = {}
     for event in events:
         if event.get("event") == "playbook_on_stats":
             stats = _stats_from(event.get("event_data", {}))
     stdout = runner.stdout.read() if runner.stdout else ""
+    inventory_state.rotate(keep)
     return RunResult(
         rc=runner.rc,
         status=runner.status,
@@ -182,4 +302,7 @@ def run_playbook(
         stdout=stdout,
         artifact_dir=Path(runner.config.artifact_dir),
         events=events,
+        run_id=run_id,
+        started=started,
+        finished=finished,
     )

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from p40fleet import fixtures
-from p40fleet.paths import CACHE_DIR, REPO_ROOT, SANDBOX_DIR, STANDINS_DIR
+from p40fleet import fixtures, paths
+from p40fleet.paths import CACHE_DIR, ROLES_DIR, SANDBOX_DIR
 
 IMAGE_NAME = "localhost/p40fleet-sandbox"
 # Release name -> (Debian suite, host_prereqs vars file for it).
@@ -45,13 +45,12 @@ IMAGE_PACKAGES = ("python3", "python3-apt", "openssh-server", "sudo")
 # stand-in conda makes its envs as venvs of the host's python3, and the stand-in Apex compiles C
 # extensions against that python's headers (a real conda env has both itself).
 STANDIN_PACKAGES = ("python3-venv", "python3-dev")
-HOST_PREREQS_VARS = REPO_ROOT / "roles" / "host_prereqs" / "vars"
+HOST_PREREQS_VARS = ROLES_DIR / "host_prereqs" / "vars"
 MIRROR_PORT = 8080
 APT_PORT = 8081
 APT_HOSTNAME = "p40fleet-apt"
 APT_KEYRING = "/etc/apt/keyrings/p40fleet-sandbox.gpg"
 APT_DIR = CACHE_DIR / "apt"
-HOST_STANDINS = STANDINS_DIR / "host"
 GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
 NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
 
@@ -66,7 +65,7 @@ cgroup_manager = "cgroupfs"
 
 # Podman names are machine-wide: two checkouts on one machine (or CI beside a developer) must not
 # share containers or networks, so every name carries a short hash of the checkout's path.
-PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]}"
+PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(paths.CHECKOUT or SANDBOX_DIR).encode()).hexdigest()[:6]}"
 
 # How Ansible logs in: by default as an ordinary user with password-less sudo, as on a real fleet;
 # or with sudo asking for a password; or as root.
@@ -81,8 +80,20 @@ class SandboxError(RuntimeError):
     """A sandbox operation failed; the message says what and what to do."""
 
 
+def standins_dir() -> Path:
+    """The stand-ins (python/tests/fixtures/standins/): the sandbox exists in a checkout only."""
+    try:
+        return paths.checkout("the sandbox") / "python" / "tests" / "fixtures" / "standins"
+    except paths.CheckoutRequired as error:
+        raise SandboxError(str(error)) from None
+
+
+def host_standins() -> Path:
+    return standins_dir() / "host"
+
+
 def gpu_profiles() -> dict[str, dict]:
-    with (HOST_STANDINS / "gpu_profiles.yml").open(encoding="utf-8") as handle:
+    with (host_standins() / "gpu_profiles.yml").open(encoding="utf-8") as handle:
         return yaml.safe_load(handle)
 
 
@@ -96,7 +107,7 @@ def _podman_env() -> dict[str, str]:
 
 def podman(*args: str, check: bool = True, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
     if shutil.which("podman") is None:
-        raise SandboxError("podman is not installed: run `make deps` (it installs podman, runc and debootstrap)")
+        raise SandboxError("podman is not installed: run `make sandbox-deps` (podman, runc, debootstrap)")
     result = subprocess.run(["podman", *args], env=_podman_env(), capture_output=True, input=input_bytes, check=False)
     if check and result.returncode != 0:
         stderr = result.stderr.decode(errors="replace").strip()
@@ -135,7 +146,7 @@ def _stop_gpg_agent() -> None:
 def signing_key() -> tuple[str, bytes]:
     """The key that signs the sandbox apt repositories, made once per cache: (fingerprint, public key)."""
     if shutil.which("gpg") is None:
-        raise SandboxError("gpg is not installed: run `make deps`")
+        raise SandboxError("gpg is not installed: run `make sandbox-deps`")
     home = APT_DIR / "gnupg"
     with _locked("apt-signing-key"):
         if not (home / "done").exists():
@@ -168,7 +179,7 @@ def image_recipe_hash(os_name: str = DEFAULT_OS) -> str:
     digest.update(f"{OS_RELEASES[os_name][0]}\n{' '.join(IMAGE_PACKAGES)}\n{SSHD_COMMAND}\nown-host-keys\n".encode())
     digest.update(f"login-user {LOGIN_USER}\n".encode())
     digest.update(f"apt {' '.join(repo_packages(os_name))} {fingerprint} {APT_HOSTNAME}:{APT_PORT}\n".encode())
-    digest.update((HOST_STANDINS / "nvidia-smi").read_bytes())
+    digest.update((host_standins() / "nvidia-smi").read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -204,7 +215,7 @@ def _build_apt_repo(rootfs: Path, packages: list[str], repo: Path, fingerprint: 
     for deb in archives.glob("*.deb"):
         shutil.move(deb, staging / deb.name)
     if shutil.which("apt-ftparchive") is None:
-        raise SandboxError("apt-ftparchive is not installed: run `make deps` (package apt-utils)")
+        raise SandboxError("apt-ftparchive is not installed: run `make sandbox-deps` (package apt-utils)")
     packages_index = subprocess.run(
         ["apt-ftparchive", "packages", "."], cwd=staging, capture_output=True, check=True
     ).stdout
@@ -258,7 +269,7 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
         if image_exists and (repo / "InRelease").exists():
             return tag
         if shutil.which("debootstrap") is None:
-            raise SandboxError("debootstrap is not installed: run `make deps`")
+            raise SandboxError("debootstrap is not installed: run `make sandbox-deps`")
         fingerprint, public_key = signing_key()
         with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix="rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
@@ -284,7 +295,7 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
             _point_apt_at_the_sandbox_repo(rootfs, public_key)
             standin = rootfs / NVIDIA_SMI_STANDIN.lstrip("/")
             standin.parent.mkdir(parents=True)
-            shutil.copy2(HOST_STANDINS / "nvidia-smi", standin)
+            shutil.copy2(host_standins() / "nvidia-smi", standin)
             standin.chmod(0o755)
             (rootfs / "etc/p40fleet-sandbox").mkdir()
             # Each host makes its own SSH host keys at first start, as a real host has its own.
@@ -333,6 +344,7 @@ class Sandbox:
     """One sandbox fleet, named; its state lives in .sandbox/<name>/."""
 
     def __init__(self, name: str = "default") -> None:
+        standins_dir()  # a clear error outside a checkout, before anything is started
         if not name.replace("-", "").replace("_", "").isalnum():
             raise SandboxError(f"sandbox name {name!r}: use letters, digits, '-' and '_' only")
         self.name = name
@@ -468,7 +480,7 @@ class Sandbox:
             "-v",
             f"{apt_repo}:/srv/apt:ro",
             "-v",
-            f"{STANDINS_DIR / 'hub_server.py'}:/srv/hub_server.py:ro",
+            f"{standins_dir() / 'hub_server.py'}:/srv/hub_server.py:ro",
             image,
             "sh",
             "-c",
@@ -547,7 +559,7 @@ class Sandbox:
         group_vars.mkdir(parents=True, exist_ok=True)
         pins = group_vars / "p40-hosts"
         if not pins.exists():
-            pins.symlink_to(REPO_ROOT / "inventory" / "group_vars" / "p40-hosts")
+            pins.symlink_to(paths.checkout("the sandbox") / "inventory" / "group_vars" / "p40-hosts")
         inventory = {
             "all": {
                 "children": {

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet.paths import REPO_ROOT, RUNS_DIR
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
 
 PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") is None
+# Runs the tests make are kept in the checkout's .runs/, not in the user's own state directory.
+os.environ["P40FLEET_STATE_DIR"] = str(RUNS_DIR / "pytest-state")
+# Screenshots and pages the tests leave for people to look at.
+TEST_OUTPUT = RUNS_DIR / "test-output"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -22,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
     # Sandbox tests need podman; `make test` installs it, so there a missing podman is an error.
     for item in items:
         if "sandbox" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason="podman/debootstrap not installed: run `make deps`"))
+            item.add_marker(pytest.mark.skip(reason="podman/debootstrap not installed: run `make sandbox-deps`"))
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +98,43 @@ def run_playbook():
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
+    """One P40 and one 2x P40 host taken through site.yml the way a new user would, shared by the tests of
+    the converged run (test_converged_run.py) and of the launch script (test_launch_script.py), since every
+    first converge of the whole pipeline costs minutes:
+    .preflight_only (--tags gpu_preflight on the fresh hosts), .dry_run (--check --diff on the fresh hosts),
+    .prereqs_only (--tags host_prereqs, then),
+    .first and .second (two real runs), and .play(**run_playbook kwargs) for more."""
+    fleet = make_sandbox("site", ["p40", "p40x2"])
+    cache = tmp_path_factory.mktemp("site-apex-cache")
+
+    def play(**kwargs):
+        extra = {"apex_controller_cache_dir": str(cache), **kwargs.pop("extra_vars", {})}
+        return run_playbook("site.yml", fleet.inventory_dir, extra_vars=extra, **kwargs)
+
+    def observe(paths):
+        return {
+            (host.name, path): fleet.exec(host.name, f"test -e {path} || test -L {path}").returncode == 0
+            for host in fleet.hosts()
+            for path in paths
+        }
+
+    watched = [
+        "/etc/ansible/facts.d/p40fleet_preflight.fact",
+        "/var/lib/p40fleet/stages",
+        "/opt/miniconda3",
+        "/usr/local/cuda-11.8",
+    ]
+    fleet.play = play
+    fleet.preflight_only = play(tags="gpu_preflight")
+    fleet.after_preflight_only = observe(watched)
+    fleet.dry_run = play(check=True, diff=True)
+    fleet.after_dry_run = observe(watched)
+    fleet.prereqs_only = play(tags="host_prereqs")
+    fleet.after_prereqs_only = observe([*watched, "/var/lib/p40fleet/stages/host_prereqs.json", "/usr/bin/gcc-11"])
+    fleet.first = play()
+    fleet.second = play()
+    return fleet

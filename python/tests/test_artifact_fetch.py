@@ -160,3 +160,21 @@ def test_tampered_artifact_fails_and_leaves_nothing_under_the_final_name(fleet, 
         assert "did not match" in failed[host]
         assert f"Nothing was kept at {dest}" in failed[host]
         assert leftovers(fleet, host, "/var/tmp/fetch-tampered") == []
+
+
+def test_a_cache_filled_by_p40fleet_fetch_serves_the_fleet_without_another_download(fleet, run_playbook, sha256):
+    """`p40fleet fetch` writes the controller cache exactly where artifact_fetch's controller source reads it."""
+    from p40fleet import cli
+
+    before = mirror_requests(fleet)
+    assert cli.main(["fetch", "-i", str(fleet.inventory_dir / "hosts.yml")]) == 0
+    assert mirror_requests(fleet) == before + 1  # fetch downloaded the archive (and the other pinned artifacts)
+    dest = "/var/tmp/fetch-prefilled/" + FILE_NAME
+    # The sandbox inventory's own artifact_fetch_controller_cache_dir: the one p40fleet fetch just filled.
+    result = run_playbook(
+        PLAYBOOK, fleet.inventory_dir, extra_vars={"fetch_test_dest": dest, "artifact_fetch_source": "controller"}
+    )
+    assert result.rc == 0, result.stdout
+    for host in HOSTS:
+        assert host_sha256(fleet, host, dest) == sha256
+    assert mirror_requests(fleet) == before + 1

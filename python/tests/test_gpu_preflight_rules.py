@@ -1,6 +1,6 @@
 """gpu_preflight's decisions without containers: recorded and synthetic probe answers, one verdict each.
 
-The probe (files/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
+The probe (library/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
 judgement (tasks/assess.yml) runs in a local ansible-playbook against fake hosts whose probe report
 is given, so every GPU, driver, kernel module, OS and disk situation is paired with its exact verdict.
 """
@@ -29,7 +29,7 @@ GIB = 1 << 30
 
 
 def load_probe():
-    spec = importlib.util.spec_from_file_location("gpu_preflight_probe", ROLE / "files" / "gpu_preflight_probe.py")
+    spec = importlib.util.spec_from_file_location("gpu_preflight_probe", ROLE / "library" / "gpu_preflight_probe.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -115,6 +115,11 @@ PATHS = [
 ]
 
 
+CUDA_MARKER = "/usr/local/cuda-11.8/version.json"
+CUDNN_MARKER = "/usr/local/cudnn-8.9.7-cuda11/include/cudnn_version.h"
+CONDA_MARKER = "/opt/miniconda3/.p40fleet-installer.sha256"
+
+
 def disks(filesystems: dict[str, float]) -> list[dict]:
     out = []
     for path in PATHS:
@@ -139,6 +144,7 @@ def report(
     smi_rc=0,
     smi_output=None,
     pci_devices=None,
+    present=None,
 ):
     rows = [
         {**gpu, "index": index, "driver_version": driver, "pci_bus_id": f"00000000:0{index}:00.0"}
@@ -149,6 +155,7 @@ def report(
         "cpu_count": 8,
         "mem_total_mib": 65536,
         "disks": disks(filesystems),
+        "present": dict(present or {}),
         "gcc": {"gcc11_path": "/usr/bin/gcc-11", "gcc11_candidate": "", "default_version": "12.2.0"},
         "nvidia_smi": {
             "path": "/usr/bin/nvidia-smi",
@@ -271,6 +278,26 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
             ],
         ),
     ),
+    # A converged host: the space its stages use is in use already, not needed again.
+    "converged_host_on_a_full_disk": (
+        report(filesystems={"/": 2}, present={CUDA_MARKER: True, CUDNN_MARKER: True, CONDA_MARKER: True}),
+        {},
+        ("accepted", "pascal"),
+    ),
+    # Only the toolkit is there: cuDNN and the env still need their space.
+    "toolkit_installed_rest_needs_space": (
+        report(filesystems={"/": 20}, present={CUDA_MARKER: True}),
+        {},
+        (
+            "refused",
+            [
+                "too little disk: /usr/local/cudnn-8.9.7-cuda11 (cuDNN 8.9.7, cudnn_prefix, 3 GiB) + /var/tmp/p40fleet "
+                "(cuDNN tarball download, cudnn_download_dir, 1 GiB) + /opt/miniconda3 (Miniconda and the verl env, "
+                "conda_env_install_prefix, 20 GiB) + /var/tmp/p40fleet (Miniconda installer download, "
+                "conda_env_download_dir, 1 GiB) on the filesystem of /: 20.0 GiB free; required: 25 GiB free there;",
+            ],
+        ),
+    ),
     # A host that moves its temp dir, downloads and conda prefix to a big disk passes.
     "small_root_scratch_paths": (report(filesystems=SMALL_ROOT_BIG_SCRATCH), SCRATCH_PATHS, ("accepted", "pascal")),
     "scratch_too_small_for_the_sum": (
@@ -307,7 +334,7 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
         hosts[host] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
-            "gpu_preflight_probe": {"stdout": json.dumps(found)},
+            "gpu_preflight_probe": {"report": found},
             **host_vars,
         }
     inventory = tmp_path / "hosts.yml"
@@ -430,8 +457,7 @@ def settings(host: str, host_vars: dict) -> dict:
     values = {**ROLE_DEFAULTS, **ROLE_VARS, **host_vars}
 
     def render(path: str) -> str:
-        match = FALLBACK.fullmatch(path)
-        return host_vars.get(match[1], match[2]) if match else path
+        return FALLBACK.sub(lambda match: str(host_vars.get(match[1], match[2])), path)
 
     return {
         "host": host,
@@ -447,7 +473,10 @@ def settings(host: str, host_vars: dict) -> dict:
         "supported_os": values["gpu_preflight_supported_os"],
         "min_cpus": values["gpu_preflight_min_cpus"],
         "min_ram_gib": values["gpu_preflight_min_ram_gib"],
-        "disk_checks": [{**c, "path": render(c["path"])} for c in values["gpu_preflight_disk_checks"]],
+        "disk_checks": [
+            {**c, "path": render(c["path"]), "installed_marker": render(c["installed_marker"])}
+            for c in values["gpu_preflight_disk_checks"]
+        ],
         "state_file": values["gpu_preflight_state_file"],
     }
 
@@ -485,6 +514,7 @@ def sandbox_report(profile_name: str) -> dict:
 SANDBOX_PROFILES = {
     "p40": ("accepted", "pascal"),
     "p40-old-smi": ("accepted", "pascal"),
+    "p40-upgraded": ("accepted", "pascal"),
     "p40-upgraded-unloaded": (
         "refused",
         [

@@ -303,11 +303,9 @@ ENV_OWNER = "p40fleet"
 
 
 @pytest.fixture(scope="module")
-def converged(make_sandbox, run_playbook):
-    fleet = make_sandbox("launch", ["p40", "p40x2"])
-    first = run_playbook("site.yml", fleet.inventory_dir)
-    second = run_playbook("site.yml", fleet.inventory_dir)
-    return {"fleet": fleet, "first": first, "second": second}
+def converged(site_fleet):
+    """The shared whole-pipeline fleet (conftest.py): node1 one P40, node2 two."""
+    return {"fleet": site_fleet, "first": site_fleet.first, "second": site_fleet.second}
 
 
 @pytest.mark.sandbox

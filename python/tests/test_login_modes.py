@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from p40fleet import cli
-from p40fleet.paths import RUNS_DIR
 from p40fleet.run import RunError, run_playbook
 from p40fleet.sandbox import APT_HOSTNAME, LOGIN_USER, Sandbox
+from p40fleet.state import StateDir
 
 pytestmark = pytest.mark.sandbox
 
@@ -124,7 +124,8 @@ def test_check_mode_on_a_minimal_host_reports_and_changes_nothing(password_fleet
 
 def test_sudo_password_mode_converges_with_the_password_file_and_leaks_it_nowhere(password_fleet, tmp_path):
     password = password_fleet.become_password_file.read_text().strip()
-    before = set(RUNS_DIR.glob("run-*"))
+    runs = StateDir().inventory(password_fleet.inventory_dir)
+    before = set(runs.runs())
     without = run_playbook(PREREQS, password_fleet.inventory_dir)
     assert without.stats["node1"]["failures"] == 1
     assert "password" in without.failures[0].message.lower(), without.failures[0].message
@@ -150,7 +151,7 @@ def test_sudo_password_mode_converges_with_the_password_file_and_leaks_it_nowher
     )
     assert direct.returncode == 0 and "changed=0" in direct.stdout, direct.stdout + direct.stderr
 
-    written = [report, *[p for run in set(RUNS_DIR.glob("run-*")) - before for p in run.rglob("*") if p.is_file()]]
+    written = [report, *[p for run in set(runs.runs()) - before for p in run.rglob("*") if p.is_file()]]
     assert any("job_events" in str(p) for p in written) and any(p.name == "command" for p in written)
     leaks = [str(p) for p in written if password.encode() in p.read_bytes()]
     assert leaks == []

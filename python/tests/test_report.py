@@ -1,13 +1,14 @@
-"""The report and the exit codes, from results as ansible-runner hands them over."""
+"""The report, the summary and the exit codes, from results as ansible-runner hands them over."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 from rich.console import Console
 
-from p40fleet import cli, report
+from p40fleet import api, cli, report
 from p40fleet.run import HostFailure, RunResult, _stats_from
 
 RECAP = {
@@ -18,6 +19,11 @@ RECAP = {
     "skipped": {"node1": 2},
     "processed": {"node1": 1, "node2": 1, "node3": 1},
 }
+PREFLIGHT = (
+    "gpu_preflight refused node2 (nothing was changed on it):\n"
+    "- driver 470.256.02 is too old for CUDA 11.8; required: >= 520.61.05 (gpu_preflight_driver_min_version); "
+    "do: upgrade the driver (e.g. 535 or 550)"
+)
 
 
 def result_with(stats, failures=(), rc=2) -> RunResult:
@@ -27,7 +33,22 @@ def result_with(stats, failures=(), rc=2) -> RunResult:
         stats=stats,
         failures=list(failures),
         stdout="",
-        artifact_dir=Path("/tmp/none"),
+        artifact_dir=Path("/tmp/none/artifacts/r1"),
+        run_id="r1",
+    )
+
+
+def provisioned(run: RunResult) -> api.ProvisionResult:
+    return api.ProvisionResult(
+        inventory=Path("/fleet/hosts.yml"),
+        playbook=Path("/p40fleet/site.yml"),
+        exit_code=api.exit_code_for(run),
+        status=run.status,
+        rc=run.rc,
+        run_id=run.run_id,
+        hosts=api._host_results(run),
+        failures=run.failures,
+        artifact_dir=run.artifact_dir,
     )
 
 
@@ -57,32 +78,66 @@ def test_exit_codes_rank_failure_over_unreachable():
     assert cli.exit_code_for(result_with({}, rc=4)) == cli.EXIT_HOSTS_FAILED
 
 
+def test_exit_codes_are_the_documented_ones():
+    codes = {
+        "EXIT_OK": 0,
+        "EXIT_ERROR": 1,
+        "EXIT_HOSTS_FAILED": 2,
+        "EXIT_HOSTS_UNREACHABLE": 3,
+        "EXIT_BAD_INPUT": 4,
+        "EXIT_NOT_IDEMPOTENT": 5,
+    }
+    assert {name: getattr(cli, name) for name in codes} == codes
+    readme = " ".join((Path(cli.__file__).parents[2] / "README.md").read_text().split())
+    assert "`4` bad input" in readme and "`5` (`demo`) the second run changed something" in readme
+    assert "\n  4  bad input" in cli.__doc__ and "\n  5  `demo` only" in cli.__doc__
+
+
 def test_report_names_each_failure_with_its_task(tmp_path):
-    failure = HostFailure("node2", "Check the driver.", "gpu_preflight", "node2: driver 470.256.02 is too old")
-    summary = report.build_report([("run", result_with(_stats_from(RECAP), [failure]))])
-    hosts = summary["runs"][0]["hosts"]
+    failure = HostFailure("node2", "Check the driver.", "gpu_preflight", PREFLIGHT)
+    result = provisioned(result_with(_stats_from(RECAP), [failure]))
+    assert result.hosts["node2"].stats.failures == 1 and result.hosts["node2"].first_failure is failure
+    assert result.hosts_in("failed", "unreachable") == ["node2", "node3"]
+    summary = report.build_report([("run", result)])
+    run = summary["runs"][0]
+    assert (run["run_id"], run["exit_code"], run["playbook"]) == ("r1", 2, "/p40fleet/site.yml")
+    hosts = run["hosts"]
     assert {h: e["state"] for h, e in hosts.items()} == {"node1": "changed", "node2": "failed", "node3": "unreachable"}
     assert hosts["node2"]["failures"] == [
-        {
-            "task": "Check the driver.",
-            "role": "gpu_preflight",
-            "message": "node2: driver 470.256.02 is too old",
-            "unreachable": False,
-        }
+        {"task": "Check the driver.", "role": "gpu_preflight", "message": PREFLIGHT, "unreachable": False}
     ]
     path = tmp_path / "out" / "report.json"
     report.write_report(summary, path)
     assert json.loads(path.read_text())["schema"] == report.REPORT_SCHEMA
 
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=200, force_terminal=True)
     report.print_summary(console, summary)
     text = console.export_text()
     assert "node2" in text and "failed" in text and "driver 470.256.02 is too old" in text
 
 
+def test_the_summary_keeps_every_column_and_word_when_not_a_terminal():
+    failure = HostFailure("node2", "Check the driver.", "gpu_preflight", PREFLIGHT)
+    unreachable = HostFailure("node3", "Probe.", "gpu_preflight", "Failed to connect to the host via ssh", True)
+    summary = report.build_report([("run", provisioned(result_with(_stats_from(RECAP), [failure, unreachable])))])
+    out = io.StringIO()
+    report.print_summary(Console(file=out, width=80), summary)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "p40fleet · run · failed (rc 2)"
+    node2 = next(line for line in lines if line.startswith("  node2:"))
+    assert node2 == (
+        "  node2: failed ok=3 changed=0 failures=1 unreachable=0 skipped=0 rescued=0 first failure: "
+        "[gpu_preflight] Check the driver.: " + " | ".join(PREFLIGHT.splitlines())
+    )
+    node3 = next(line for line in lines if line.startswith("  node3:"))
+    assert node3.startswith("  node3: unreachable ok=1") and node3.endswith("Failed to connect to the host via ssh")
+    # and the multi-line failure once more, verbatim, line by line
+    assert lines[-2:] == [f"    {line}" for line in PREFLIGHT.splitlines()]
+
+
 def test_progress_prints_changes_and_failures_only():
-    console = Console(record=True, width=200)
-    progress = report.Progress(console, "first run")
+    console = Console(file=io.StringIO(), width=200)
+    progress = cli.make_progress(console, "first run")
     progress({"event": "runner_on_ok", "event_data": {"host": "node1", "task": "A", "res": {"changed": False}}})
     progress(
         {
@@ -91,8 +146,8 @@ def test_progress_prints_changes_and_failures_only():
         }
     )
     progress({"event": "runner_on_failed", "event_data": {"host": "node2", "task": "C", "res": {"msg": "boom"}}})
-    lines = console.export_text().splitlines()
-    assert lines == ["  changed     node1      [cudnn] B", "  failed      node2      C: boom"]
+    lines = console.file.getvalue().splitlines()
+    assert lines == ["first run: node1 changed: [cudnn] B", "first run: node2 failed: C: boom"]
 
 
 def test_cli_refuses_unknown_profiles_without_touching_podman(capsys):

@@ -141,7 +141,7 @@ def via_runner(
             cmdline=cmdline_for(limit, tags),
             extravars=extravars,
             envvars=envvars,
-            keep_artifacts=2,
+            keep_runs=2,
         )
     seconds = time.monotonic() - start
     failures = [

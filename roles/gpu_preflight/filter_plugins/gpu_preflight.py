@@ -34,10 +34,14 @@ def smi_state(smi, ok):
     return "error"
 
 
-def disk_shortfalls(found_disks, checks):
-    """Per filesystem (device), the configured paths on it whose summed needs exceed its free space."""
+def disk_shortfalls(found_disks, checks, present=None):
+    """Per filesystem (device), the configured paths on it whose summed needs exceed its free space. A need
+    whose stage is installed already (its installed_marker exists) is in use, not needed again."""
+    present = present or {}
     rows = []
     for check in checks:
+        if check.get("installed_marker") and present.get(check["installed_marker"]):
+            continue
         disk = next(d for d in found_disks if d["path"] == check["path"])
         rows.append(dict(disk, **check))
     shortfalls = []
@@ -120,7 +124,7 @@ class Host:
         models = ", ".join(f'"{m}"' for m in self.models)
         ranges = ", ".join(f"{p['name']} {p['min_compute_cap']}-{p['max_compute_cap']}" for p in s["profiles"])
         ram_mib = int(found["mem_total_mib"])
-        shortfalls = disk_shortfalls(found["disks"], s["disk_checks"])
+        shortfalls = disk_shortfalls(found["disks"], s["disk_checks"], found.get("present"))
         loaded = (
             f" (loaded kernel module {found['kernel_module_version']})" if found.get("kernel_module_version") else ""
         )
@@ -329,6 +333,8 @@ class Host:
             "gpu_preflight_state_content": {
                 "schema": 1,
                 "driver_version": self.driver_version,
+                # The loaded module (flavor and version): a module change re-verifies the stack (fleet_state).
+                "kernel_module": " ".join(v for v in (self.module["flavor"], self.module["version"]) if v),
                 "has_gpu": self.has_gpu,
                 "gpus": gpu_names,
                 "os": f"{found['os']['id']} {found['os']['version_id']}",

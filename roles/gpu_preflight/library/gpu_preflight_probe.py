@@ -1,9 +1,10 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """gpu_preflight's probe: read what the host has, change nothing, print one JSON document.
 
-Run by ansible.builtin.script with one argument, a JSON object:
-  {"nvidia_smi": "nvidia-smi", "paths": ["/usr/local", ...], "state_file": "/etc/ansible/..."}
-It only reads; every decision (thresholds, profiles, messages) is made by the role from this data.
+An Ansible module (one round trip with pipelining, where a script would also be copied over), with
+options nvidia_smi ("nvidia-smi" or a path), paths (the directories whose free space counts) and state_file
+(the saved state of the last run). It only reads and returns the report under `report`; every decision
+(thresholds, profiles, messages) is made by the role's filter plugin from this data.
 """
 
 import glob
@@ -13,7 +14,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+
+from ansible.module_utils.basic import AnsibleModule
 
 QUERY_FIELDS = ["index", "name", "compute_cap", "memory.total", "driver_version", "pci.bus_id"]
 INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
@@ -219,8 +221,7 @@ def saved_state(path):
         return {"exists": True, "content": None, "error": str(error)}
 
 
-def main():
-    request = json.loads(sys.argv[1])
+def probe(request):
     smi = find_nvidia_smi(request["nvidia_smi"])
     nvidia = query_gpus(smi) if smi else {"path": "", "rc": None, "output": "", "missing_fields": [], "gpus": []}
     module = read_kernel_module()
@@ -229,6 +230,7 @@ def main():
         "cpu_count": len(os.sched_getaffinity(0)),
         "mem_total_mib": mem_total_mib(),
         "disks": [disk(path) for path in request["paths"]],
+        "present": {path: os.path.lexists(path) for path in request.get("present_paths") or []},
         "gcc": gcc(),
         "nvidia_smi": nvidia,
         "nvidia_pci_devices": nvidia_pci_devices(),
@@ -236,9 +238,21 @@ def main():
         "kernel_module_version": module["version"],
         "state": saved_state(request["state_file"]),
     }
-    json.dump(report, sys.stdout, sort_keys=True)
-    return 0
+    return report
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "paths": {"type": "list", "elements": "path", "default": []},
+            "present_paths": {"type": "list", "elements": "path", "default": []},
+            "state_file": {"type": "path", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    module.exit_json(changed=False, report=probe(module.params))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,0 +1,224 @@
+"""The state probe's decisions (roles/fleet_state), without hosts: drift, gates, records, identities, inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from p40fleet.paths import REPO_ROOT
+
+ROLE = REPO_ROOT / "roles" / "fleet_state"
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe_module = load(ROLE / "library" / "fleet_state_probe.py", "fleet_state_probe")
+specs_lookup = load(ROLE / "lookup_plugins" / "fleet_state_specs.py", "fleet_state_specs")
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A tiny host: a state dir and one stage's files."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "version.json").write_text('{"cuda": {"version": "11.8.20220929"}}')
+    (tmp_path / "home" / "big.so").write_bytes(b"\0" * (probe_module.HASH_LIMIT + 1))
+    os.symlink("cuda-11.8", tmp_path / "cuda")
+    spec = {
+        "inputs": {"cuda_toolkit_version": "11.8", "role_code_sha256": "abc"},
+        "files": [str(tmp_path / "home" / "version.json"), str(tmp_path / "home" / "*.so"), str(tmp_path / "cuda")],
+        "absent": [str(tmp_path / "installing")],
+        "requires": [],
+    }
+    return tmp_path, spec
+
+
+def run_probe(state_dir, stages, check_mode=False, preflight=None, run_tags=("all",)):
+    return probe_module.probe(
+        {"state_dir": str(state_dir), "stages": stages, "preflight_state": preflight, "run_tags": list(run_tags)},
+        check_mode,
+    )
+
+
+def record(state_dir, stages, stage, packages=()):
+    return probe_module.record(
+        {"state_dir": str(state_dir), "stages": stages, "stage": stage, "packages": list(packages)}, False
+    )
+
+
+def test_a_stage_without_a_record_drifts_and_converges_after_its_record(host):
+    root, spec = host
+    first = run_probe(root / "state", {"cuda_toolkit": spec})
+    assert first["stages"]["cuda_toolkit"]["drift"] == [
+        "no record of a completed cuda_toolkit run (first run, or the last one stopped before its checks)"
+    ]
+    assert first["gates"] == {"cuda_toolkit": "converge"}
+    assert record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")["recorded"] is True
+    second = run_probe(root / "state", {"cuda_toolkit": spec})
+    assert second["stages"]["cuda_toolkit"]["drift"] == []
+    assert second["gates"] == {"cuda_toolkit": "none"}
+    # Recording the same state again writes nothing (the timestamp alone does not count).
+    assert record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")["recorded"] is False
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            lambda root, spec: spec["inputs"].update(cuda_toolkit_version="12.1"),
+            "inputs changed since the last converge: cuda_toolkit_version",
+        ),
+        (
+            lambda root, spec: spec["inputs"].update(role_code_sha256="def"),
+            "inputs changed since the last converge: role_code_sha256",
+        ),
+        (
+            lambda root, spec: (root / "home" / "version.json").write_text("{}"),
+            "{root}/home/version.json changed since the last converge",
+        ),
+        (lambda root, spec: (root / "home" / "version.json").unlink(), "{root}/home/version.json is missing"),
+        (
+            lambda root, spec: (root / "home" / "other.so").write_text("x"),
+            "{root}/home/other.so appeared since the last converge",
+        ),
+        (
+            lambda root, spec: os.truncate(root / "home" / "big.so", 10),
+            "{root}/home/big.so changed since the last converge",
+        ),
+        (
+            lambda root, spec: ((root / "cuda").unlink(), os.symlink("cuda-12.1", root / "cuda")),
+            "{root}/cuda changed since the last converge",
+        ),
+        (
+            lambda root, spec: os.chmod(root / "home" / "version.json", 0o666),
+            "{root}/home/version.json changed since the last converge",
+        ),
+        (
+            lambda root, spec: (root / "installing").write_text(""),
+            "an unfinished earlier attempt left {root}/installing",
+        ),
+    ],
+    ids=[
+        "input",
+        "role-code",
+        "content",
+        "missing",
+        "new-glob-match",
+        "large-file-size",
+        "link-target",
+        "mode",
+        "unfinished-attempt",
+    ],
+)
+def test_each_kind_of_drift_is_named(host, change, reason):
+    root, spec = host
+    record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")
+    change(root, spec)
+    drift = run_probe(root / "state", {"cuda_toolkit": spec})["stages"]["cuda_toolkit"]["drift"]
+    assert drift == [reason.format(root=root)]
+
+
+def test_a_symlink_is_never_followed(host, tmp_path):
+    root, _ = host
+    secret = tmp_path / "secret"
+    secret.write_text("root only")
+    os.symlink(secret, root / "home" / "planted.so")
+    found = probe_module.expand([str(root / "home" / "*.so")])
+    assert found[str(root / "home" / "planted.so")] == {"link": str(secret), "uid": os.getuid()}
+
+
+def test_packages_recorded_by_a_stage_must_stay_installed(tmp_path):
+    status = tmp_path / "status"
+    status.write_text(
+        "Package: git\nStatus: install ok installed\n\nPackage: libxml2\nStatus: deinstall ok config-files\n\n"
+    )
+    assert probe_module.installed_packages(str(status)) == {"git"}
+    spec = {"inputs": {}, "packages": True}
+    record(tmp_path / "state", {"host_prereqs": spec}, "host_prereqs", packages=["git", "libxml2"])
+    stored = json.loads((tmp_path / "state" / "stages" / "host_prereqs.json").read_text())
+    drift = probe_module.stage_drift("host_prereqs", spec, {}, stored, {"git"})
+    assert drift == ["packages no longer installed: libxml2"]
+
+
+@pytest.mark.parametrize(
+    ("drift", "ready", "reverify", "tags", "check", "gate"),
+    [
+        ([], True, False, ["all"], False, "none"),
+        ([], True, True, ["all"], False, "verify"),
+        ([], True, False, ["verify"], False, "verify"),
+        (["x"], True, False, ["verify"], False, "verify"),
+        (["x"], False, False, ["all"], False, "converge"),
+        (["x"], True, False, ["all"], True, "converge"),
+        (["x"], False, False, ["all"], True, "plan"),
+        (["x"], False, True, ["all"], True, "plan"),
+        ([], False, True, ["all"], True, "verify"),
+        ([], True, False, ["cuda_toolkit"], False, "none"),
+    ],
+)
+def test_gates(drift, ready, reverify, tags, check, gate):
+    assert probe_module.gate(drift, ready, reverify, tags, check) == gate
+
+
+def test_check_mode_plans_a_stage_whose_prerequisites_are_absent(host):
+    root, spec = host
+    spec["requires"] = [str(root / "env" / "bin" / "python")]
+    result = run_probe(root / "state", {"pytorch": spec}, check_mode=True)
+    assert result["gates"] == {"pytorch": "plan"}
+    assert result["stages"]["pytorch"]["plan"].startswith("pytorch would be converged: no record of a completed")
+
+
+def test_reverify_follows_the_preflight_state_the_stack_was_verified_on(tmp_path):
+    preflight = {"driver_version": "535.183.01", "gpus": ["Tesla P40"]}
+    assert run_probe(tmp_path, {}, preflight=preflight)["reverify"] is True  # never verified
+    probe_module.verified_record({"state_dir": str(tmp_path), "preflight_state": preflight}, False)
+    assert run_probe(tmp_path, {}, preflight=preflight)["reverify"] is False
+    upgraded = {**preflight, "driver_version": "550.144.03"}
+    assert run_probe(tmp_path, {}, preflight=upgraded)["reverify"] is True
+    assert run_probe(tmp_path, {}, preflight=None)["reverify"] is False  # no preflight in the play: nothing to compare
+
+
+def test_check_mode_writes_no_record(host):
+    root, spec = host
+    result = probe_module.record(
+        {"state_dir": str(root / "state"), "stages": {"cudnn": spec}, "stage": "cudnn", "packages": []}, True
+    )
+    assert result["recorded"] is True
+    assert not (root / "state").exists()
+
+
+def test_role_inputs_leave_secrets_out_and_the_code_digest_follows_the_role(tmp_path):
+    assert "training_data_hub_token" not in specs_lookup.declared_inputs(str(REPO_ROOT / "roles" / "training_data"))
+    assert "training_data_model_repo" in specs_lookup.declared_inputs(str(REPO_ROOT / "roles" / "training_data"))
+    role = tmp_path / "role"
+    (role / "tasks" / "__pycache__").mkdir(parents=True)
+    (role / "tasks" / "main.yml").write_text("---\n")
+    before = specs_lookup.role_code_sha256(str(role))
+    (role / "tasks" / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    assert specs_lookup.role_code_sha256(str(role)) == before
+    (role / "tasks" / "main.yml").write_text("---\n# changed\n")
+    assert specs_lookup.role_code_sha256(str(role)) != before
+
+
+def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
+    """Each stage of fleet_state_stages has markers, a gate of at most two tasks, and records after converging."""
+    import yaml
+
+    stages = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["fleet_state_stages"]
+    assert stages[0] == "host_prereqs" and stages[-1] == "launch_script"
+    for stage in stages:
+        role = REPO_ROOT / "roles" / stage
+        assert f"{stage}_state_markers" in yaml.safe_load((role / "vars" / "main.yml").read_text()), stage
+        gate = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+        assert len(gate) <= 2, stage
+        assert gate[0]["ansible.builtin.include_tasks"] == "converge.yml", stage
+        assert f"fleet_state_found.gates.{stage}" in gate[0]["when"], stage
+        converge = yaml.safe_load((role / "tasks" / "converge.yml").read_text())
+        assert converge[-1]["ansible.builtin.include_role"] == {"name": "fleet_state", "tasks_from": "record"}, stage
+        assert converge[-1]["vars"]["fleet_state_record_stage"] == stage

@@ -1,0 +1,324 @@
+#!/usr/bin/python3
+"""One read of every stage's real markers on a host, and the records that say what was converged.
+
+Modes:
+- probe (read-only): for each stage, the identity of the files it owns (sha256 of small files, size and
+  mtime of large ones, symlink targets, owner and mode), the leftovers of an unfinished attempt, and the
+  record the stage wrote when it last converged and passed its checks. A stage has drifted when it has no
+  record, when its inputs (the role's variables and code) differ from the recorded ones, or when a file
+  it owns is not as recorded. Also: whether the stack must be re-verified (the preflight state differs
+  from the one it was last verified on: driver, kernel module, GPUs) and, per stage, the gate: converge,
+  verify, plan (check mode, prerequisites absent) or none.
+- record: write one stage's record after its converge and checks passed.
+- verified: write the preflight state the whole stack was verified on.
+
+Files are read as root without following symlinks: nothing the env owner can write is executed or
+followed, and a record never holds the hash of a file a planted link points at.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from datetime import UTC, datetime
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: fleet_state_probe
+short_description: Read every p40fleet stage's markers at once; write stage and verification records.
+options:
+  mode:
+    description: probe (read only), record (one stage's record) or verified (the verified preflight state).
+    type: str
+    choices: [probe, record, verified]
+    default: probe
+  state_dir:
+    description: Where the records live (root-owned).
+    type: path
+    required: true
+  stages:
+    description: >-
+      Stage name -> {inputs (dict), files (paths or globs), absent (paths), requires (paths), packages (bool:
+      the recorded dpkg packages must be installed), json and text (name -> path of a small JSON or text file to
+      return as it is, for reports)}.
+    type: dict
+    default: {}
+  stage:
+    description: The stage to record (mode record).
+    type: str
+  preflight_state_file:
+    description: gpu_preflight's saved state, returned as it is (for reports).
+    type: path
+  preflight_state:
+    description: The preflight state this run found (what the stack is verified against); null when not known.
+    type: raw
+  run_tags:
+    description: The run's tags (ansible_run_tags).
+    type: list
+    elements: str
+    default: [all]
+  packages:
+    description: dpkg packages the stage installed (mode record, stages with packages true).
+    type: list
+    elements: str
+    default: []
+"""
+
+RETURN = r"""
+stages:
+  description: Stage -> {found, drift (list of reasons, empty when converged), ready (bool), gate}.
+  type: dict
+  returned: mode probe
+reverify:
+  description: Whether the stack must be re-verified on this host.
+  type: bool
+  returned: mode probe
+"""
+
+# Larger files are identified by size and mtime: hashing a 4 GB model or a 400 MB library on every
+# run is what the probe exists to avoid. Small files (records, configs, metadata) are hashed.
+HASH_LIMIT = 4 * 1024 * 1024
+RECORD_SCHEMA = 1
+DPKG_STATUS = "/var/lib/dpkg/status"
+
+
+def identity(path: str) -> dict | None:
+    """What a path is, without following it: None when absent."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    found: dict = {"uid": info.st_uid, "mode": f"{stat.S_IMODE(info.st_mode):04o}"}
+    if stat.S_ISLNK(info.st_mode):
+        return {"link": os.readlink(path), "uid": info.st_uid}
+    if stat.S_ISDIR(info.st_mode):
+        return {**found, "dir": True}
+    if not stat.S_ISREG(info.st_mode):
+        return {**found, "special": True}
+    if info.st_size > HASH_LIMIT:
+        return {**found, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    digest = hashlib.sha256()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        return {**found, "error": error.strerror}
+    with os.fdopen(fd, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {**found, "sha256": digest.hexdigest()}
+
+
+def expand(patterns: list[str]) -> dict[str, dict | None]:
+    """Every file a stage owns, globs expanded: path -> identity (None for a plain path that is absent)."""
+    files: dict[str, dict | None] = {}
+    for pattern in (os.path.expanduser(p) for p in patterns):
+        if glob.has_magic(pattern):
+            for path in sorted(glob.glob(pattern, recursive=True)):
+                files[path] = identity(path)
+        else:
+            files[pattern] = identity(pattern)
+    return files
+
+
+def read_text(path: str, limit: int = 4096) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            return handle.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def read_json(path: str):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def installed_packages(status_path: str = DPKG_STATUS) -> set[str]:
+    """Packages dpkg records as installed ("install ok installed")."""
+    installed, name = set(), None
+    try:
+        with open(status_path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Package: "):
+                    name = line[9:].strip()
+                elif line.startswith("Status: ") and name and line.split()[-1] == "installed":
+                    installed.add(name)
+    except OSError:
+        pass
+    return installed
+
+
+def canonical_sha256(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def record_path(state_dir: str, stage: str) -> str:
+    return os.path.join(state_dir, "stages", f"{stage}.json")
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    return sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key))
+
+
+def stage_drift(stage: str, spec: dict, found_files: dict, record: dict | None, installed: set[str]) -> list[str]:
+    """Why a stage is not converged; empty when its record, inputs and files all agree."""
+    drift = [f"an unfinished earlier attempt left {path}" for path in spec.get("absent") or [] if identity(path)]
+    if not isinstance(record, dict) or record.get("schema") != RECORD_SCHEMA:
+        return [*drift, f"no record of a completed {stage} run (first run, or the last one stopped before its checks)"]
+    inputs = changed_keys(record.get("inputs") or {}, spec.get("inputs") or {})
+    if inputs:
+        drift.append(f"inputs changed since the last converge: {', '.join(inputs)}")
+    recorded = record.get("files") or {}
+    for path in sorted(set(recorded) | set(found_files)):
+        before, now = recorded.get(path), found_files.get(path)
+        if before == now:
+            continue
+        if now is None:
+            drift.append(f"{path} is missing")
+        elif before is None:
+            drift.append(f"{path} appeared since the last converge")
+        else:
+            drift.append(f"{path} changed since the last converge")
+    if spec.get("packages"):
+        missing = [name for name in record.get("packages") or [] if name not in installed]
+        if missing:
+            drift.append(f"packages no longer installed: {', '.join(missing)}")
+    return drift
+
+
+def gate(drift: list[str], ready: bool, reverify: bool, run_tags: list[str], check_mode: bool) -> str:
+    """What a stage's gate includes: converge (install and verify), verify (checks only), plan (check mode
+    cannot simulate the stage before its prerequisites exist: report the drift) or none."""
+    if "verify" in run_tags:
+        return "verify"
+    if drift:
+        return "converge" if ready or not check_mode else "plan"
+    return "verify" if reverify else "none"
+
+
+def probe(params: dict, check_mode: bool) -> dict:
+    state_dir = params["state_dir"]
+    preflight = params.get("preflight_state")
+    verified = read_json(os.path.join(state_dir, "verified.json"))
+    reverify = preflight is not None and (
+        not isinstance(verified, dict) or verified.get("preflight_sha256") != canonical_sha256(preflight)
+    )
+    needs_packages = any(spec.get("packages") for spec in params["stages"].values())
+    installed = installed_packages() if needs_packages else set()
+    stages = {}
+    for name, spec in params["stages"].items():
+        files = expand(spec.get("files") or [])
+        record = read_json(record_path(state_dir, name))
+        drift = stage_drift(name, spec, files, record, installed)
+        ready = all(os.path.exists(os.path.expanduser(path)) for path in spec.get("requires") or [])
+        stages[name] = {
+            "found": {
+                "files": files,
+                "json": {key: read_json(path) for key, path in (spec.get("json") or {}).items()},
+                "text": {key: read_text(path) for key, path in (spec.get("text") or {}).items()},
+                "recorded_at": (record or {}).get("at") if isinstance(record, dict) else None,
+            },
+            "drift": drift,
+            "ready": ready,
+            "gate": gate(drift, ready, reverify, params["run_tags"], check_mode),
+            "plan": f"{name} would be converged: " + "; ".join(drift) if drift else f"{name} is converged",
+        }
+    saved_preflight = read_json(params["preflight_state_file"]) if params.get("preflight_state_file") else None
+    return {
+        "changed": False,
+        "preflight": saved_preflight,
+        "stages": stages,
+        "reverify": reverify,
+        "verified": verified,
+        "gates": {name: stage["gate"] for name, stage in stages.items()},
+    }
+
+
+def write_json(path: str, content: dict, check_mode: bool, compare_without: tuple[str, ...] = ("at",)) -> bool:
+    """Write atomically unless the file already says the same (ignoring timestamps); True if it differed."""
+    current = read_json(path)
+    strip = lambda doc: {k: v for k, v in doc.items() if k not in compare_without}  # noqa: E731
+    if isinstance(current, dict) and strip(current) == strip(content):
+        return False
+    if check_mode:
+        return True
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(content, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def record(params: dict, check_mode: bool) -> dict:
+    name = params["stage"]
+    spec = params["stages"][name]
+    content = {
+        "schema": RECORD_SCHEMA,
+        "stage": name,
+        "at": now(),
+        "inputs": spec.get("inputs") or {},
+        "files": expand(spec.get("files") or []),
+        "packages": sorted(params["packages"]),
+    }
+    written = write_json(record_path(params["state_dir"], name), content, check_mode)
+    # A record is p40fleet's bookkeeping, not the host's configuration: writing it is not a change.
+    return {"changed": False, "recorded": written, "path": record_path(params["state_dir"], name)}
+
+
+def verified_record(params: dict, check_mode: bool) -> dict:
+    preflight = params.get("preflight_state")
+    content = {"schema": RECORD_SCHEMA, "at": now(), "preflight_sha256": canonical_sha256(preflight)}
+    if isinstance(preflight, dict):
+        content["driver_version"] = preflight.get("driver_version")
+        content["gpus"] = preflight.get("gpus")
+    written = write_json(os.path.join(params["state_dir"], "verified.json"), content, check_mode)
+    return {"changed": False, "recorded": written}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "mode": {"type": "str", "choices": ["probe", "record", "verified"], "default": "probe"},
+            "state_dir": {"type": "path", "required": True},
+            "stages": {"type": "dict", "default": {}},
+            "stage": {"type": "str"},
+            "preflight_state": {"type": "raw"},
+            "preflight_state_file": {"type": "path"},
+            "run_tags": {"type": "list", "elements": "str", "default": ["all"]},
+            "packages": {"type": "list", "elements": "str", "default": []},
+        },
+        required_if=[("mode", "record", ["stage"]), ("mode", "verified", ["preflight_state"])],
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["mode"] == "record" and params["stage"] not in params["stages"]:
+        module.fail_json(msg=f"fleet_state_probe: no markers given for stage {params['stage']}")
+    action = {"probe": probe, "record": record, "verified": verified_record}[params["mode"]]
+    module.exit_json(**action(params, module.check_mode))
+
+
+if __name__ == "__main__":
+    main()
