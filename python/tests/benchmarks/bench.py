@@ -46,8 +46,8 @@ from pathlib import Path
 import ansible.release
 
 from p40fleet import fixtures
-from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT, RUNS_DIR, SITE_PLAYBOOK
-from p40fleet.run import MITOGEN_SWITCH, RunError, mitogen_envvars, run_playbook
+from p40fleet.paths import REPO_ROOT, RUNS_DIR, SITE_PLAYBOOK
+from p40fleet.run import MITOGEN_SWITCH, RunError, ansible_env, mitogen_envvars, run_playbook
 from p40fleet.sandbox import Sandbox, podman
 
 SCHEMA = "p40fleet.bench/v1"
@@ -151,17 +151,8 @@ def via_runner(
 
 
 def _subprocess_env(inventory: Path, envvars: dict | None = None) -> dict[str, str]:
-    # What run_playbook gives ansible-runner, so both paths run the same configuration.
-    bin_dir = str(Path(sys.executable).parent)
-    return {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
-        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory.resolve().parent / "fact_cache"),
-        **(envvars or {}),
-    }
+    # What run_playbook gives ansible-runner, so every path runs the same configuration.
+    return ansible_env(inventory.resolve(), envvars)
 
 
 def _recap_stats(stdout: str) -> dict[str, dict[str, int]]:
