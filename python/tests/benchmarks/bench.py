@@ -46,8 +46,8 @@ from pathlib import Path
 import ansible.release
 
 from p40fleet import fixtures
-from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT, RUNS_DIR, SITE_PLAYBOOK
-from p40fleet.run import MITOGEN_SWITCH, RunError, mitogen_envvars, run_playbook
+from p40fleet.paths import REPO_ROOT, RUNS_DIR, SITE_PLAYBOOK
+from p40fleet.run import MITOGEN_SWITCH, RunError, ansible_env, mitogen_envvars, run_playbook
 from p40fleet.sandbox import Sandbox, podman
 
 SCHEMA = "p40fleet.bench/v1"
@@ -105,8 +105,9 @@ class Run:
     events: list[dict] = field(default_factory=list, repr=False)
     stdout: str = field(default="", repr=False)
     failures: list[str] = field(default_factory=list)
-    # The controller's CPU time (user + system) for the run: ansible's processes and the ssh clients, not the
-    # hosts'. Less sensitive than wall time to what else the machine runs.
+    # The controller's CPU time (user + system) for the run: ansible's processes and the ssh clients that
+    # ended with it (not ControlPersist's masters, which outlive it), not the hosts'. Less sensitive than wall
+    # time to what else the machine runs.
     cpu_seconds: float = 0.0
 
     @property
@@ -150,17 +151,8 @@ def via_runner(
 
 
 def _subprocess_env(inventory: Path, envvars: dict | None = None) -> dict[str, str]:
-    # What run_playbook gives ansible-runner, so both paths run the same configuration.
-    bin_dir = str(Path(sys.executable).parent)
-    return {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
-        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory.resolve().parent / "fact_cache"),
-        **(envvars or {}),
-    }
+    # What run_playbook gives ansible-runner, so every path runs the same configuration.
+    return ansible_env(inventory.resolve(), envvars)
 
 
 def _recap_stats(stdout: str) -> dict[str, dict[str, int]]:
@@ -194,13 +186,18 @@ def via_cli(inventory: Path, limit: str | None = None) -> Run:
         with cpu_clock() as cpu:
             done = subprocess.run(argv, env=_subprocess_env(inventory), capture_output=True, text=True, check=False)
         seconds = time.monotonic() - start
-        stats = {}
+        stats, failures = {}, []
         if report.exists():
             hosts = json.loads(report.read_text())["runs"][-1]["hosts"]
             # The report keys hosts by name (p40fleet.report/v1); a list of entries naming theirs is read too.
-            entries = hosts.items() if isinstance(hosts, dict) else ((h["host"], h) for h in hosts)
+            entries = list(hosts.items() if isinstance(hosts, dict) else ((h["host"], h) for h in hosts))
             stats = {name: entry["stats"] for name, entry in entries}
-    return Run(seconds, done.returncode, stats, stdout=done.stdout + done.stderr, cpu_seconds=cpu[0])
+            failures = [
+                f"{name}: [{f.get('role', '')}] {f.get('task', '')}: {(f.get('message') or '').splitlines()[:1]}"
+                for name, entry in entries
+                for f in entry.get("failures", [])
+            ]
+    return Run(seconds, done.returncode, stats, stdout=done.stdout + done.stderr, failures=failures, cpu_seconds=cpu[0])
 
 
 def must_succeed(run: Run, what: str) -> Run:
@@ -624,6 +621,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-settings", action="store_true", help="skip the pipelining and fact cache rows")
     parser.add_argument("--other-ansible", help="another ansible-playbook binary to time beside this one")
     parser.add_argument("--quick", action="store_true", help="a small version: --hosts 2 --rounds 2 --fresh-sizes 1")
+    parser.add_argument(
+        "--inventory-vars",
+        type=json.loads,
+        default={},
+        help="JSON object of variables for every bench host (an inventory file, so every run path sees them),"
+        " e.g. '{\"gpu_preflight_strict\": false}' where a shared disk is short of what preflight asks",
+    )
     parser.add_argument("--json", type=Path, default=RUNS_DIR / "bench.json")
     parser.add_argument("--keep", action="store_true", help="leave the sandbox running")
     args = parser.parse_args(argv)
@@ -632,7 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [n for n in SCALING_SIZES if n <= args.hosts] or [args.hosts]
     fresh_sizes = [int(x) for x in args.fresh_sizes.split(",") if x.strip()]
     if args.mitogen and mitogen_env() is None:
-        parser.error("--mitogen: ansible_mitogen is not importable here (pip install mitogen)")
+        parser.error("--mitogen: ansible_mitogen is not importable here (pip install -c constraints.txt mitogen)")
+    # The default rows run the default strategy, whatever the caller's shell opts in to; mitogen has its rows.
+    os.environ[MITOGEN_SWITCH] = "0"
 
     fleet_size = max(sizes)
     # Fresh hosts for the artifact modes come first in the pool; the converged fleet reuses the first ones
@@ -657,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             "extra_rounds": args.extra_rounds,
             "fresh_sizes": fresh_sizes,
             "mitogen": args.mitogen,
+            "inventory_vars": args.inventory_vars,
         },
         "notes": [
             f"one sandbox of {total} host(s); the 1/2/4/8-host figures are one converged {fleet_size}-host fleet"
@@ -673,6 +680,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"sandbox bench: {total} hosts")
         sandbox.up(["p40"] * total)
+        if args.inventory_vars:
+            # Beside the sandbox's own group_vars, read by ansible-playbook, ansible-runner and p40fleet run alike.
+            (sandbox.inventory_dir / "group_vars" / "all.yml").write_text(
+                "---\n" + json.dumps(args.inventory_vars) + "\n"
+            )
+            data["notes"].append(f"every host had these inventory variables: {json.dumps(args.inventory_vars)}")
         mirror_dir = fixtures.build_standins().mirror_dir
         if fresh_sizes:
             data["artifact_fetch"] = fresh_fleet_runs(sandbox, names[:fresh_needed], fresh_sizes, mirror_dir)
