@@ -47,7 +47,7 @@ CASES = (
         3,
         "one of four hosts unreachable mid-run: the other three converge, summary and exit code name it,"
         " --retry-failed finishes it",
-        pending="p40fleet run --retry-failed (ops helper, issue 12)",
+        reused=(T + "test_operations.py::test_summary_exit_codes_retry_failed_and_the_report",),
     ),
     Case(
         4,
@@ -62,7 +62,7 @@ CASES = (
         5,
         "driver upgraded on a converged host: the re-run reports it, re-verifies that host's stack, changes"
         " nothing else",
-        pending="the stage gates and re-verification after a driver change (lead, issue 14)",
+        reused=(T + "test_converged_run.py::test_a_driver_change_reverifies_that_host_only",),
     ),
     Case(
         6,
@@ -91,7 +91,11 @@ CASES = (
         9,
         "invalid variables (wrong types, unknown GPU profile, malformed checksum, -e string 'false'): rejected at"
         " role start before the host is changed, or handled as meant",
-        pending="p40fleet's own pre-validation with exit code 4 (ops helper, issue 12)",
+        reused=(
+            T + "test_inputs.py::test_bad_values_name_the_host_the_variable_what_was_found_and_what_is_expected",
+            T + "test_inputs.py::test_the_command_exits_4_before_any_host_is_touched",
+            T + "test_inputs.py::test_key_value_strings_become_the_type_the_role_variable_has",
+        ),
     ),
     Case(
         10,
@@ -106,7 +110,7 @@ CASES = (
     Case(
         11,
         "a second p40fleet run against the same inventory while one runs: refused with a clear message",
-        pending="p40fleet run's inventory lock (ops helper, issue 12)",
+        reused=(T + "test_lock.py::test_a_second_run_is_refused_while_one_runs_and_a_killed_run_blocks_nothing",),
     ),
     Case(
         12,

@@ -21,9 +21,10 @@ from tests.faults.cases import BY_NUMBER, CASES
 from tests.faults.tools import MODEL_REPO, MirrorServer, ProcessSampler
 
 from p40fleet import cli
-from p40fleet.paths import REPO_ROOT, RUNS_DIR
+from p40fleet.paths import REPO_ROOT
 from p40fleet.run import RunResult
 from p40fleet.sandbox import Sandbox, podman
+from p40fleet.state import StateDir
 
 FULL = os.environ.get("P40FLEET_FAULTS") == "full"
 # P40FLEET_FAULTS_KEEP=1 leaves the fleet running after the session (to iterate on one case); the next session
@@ -270,7 +271,9 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
     fleet.sh("node1", "rm -rf /opt/p40fleet/models")
     password = fleet.password_file.read_text().strip()
     report = tmp_path_factory.mktemp("first-converge") / "report.json"
-    before = set(RUNS_DIR.glob("run-*"))
+    # Each run's private dir (artifacts, the command, job events) is under p40fleet's state directory.
+    runs = StateDir().root
+    before = set(runs.glob("inventories/*/runs/*"))
     sampler = ProcessSampler([token.encode(), password.encode()], [fleet.sandbox.host("node1").container])
     sampler.start()
     console = io.StringIO()
@@ -295,7 +298,7 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
         fleet.dirty.discard("node1")
     else:
         fleet.dirty.add("node1")
-    run_dirs = sorted(set(RUNS_DIR.glob("run-*")) - before)
+    run_dirs = sorted(set(runs.glob("inventories/*/runs/*")) - before)
     return FirstConverge(code, console.getvalue(), report, run_dirs, sampler, token, password, hub)
 
 
