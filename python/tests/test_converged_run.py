@@ -14,21 +14,10 @@ import collections
 import pytest
 
 from tests.host_state import sh
+from tests.stages import STAGES
 
 pytestmark = pytest.mark.sandbox
 
-STAGES = [
-    "host_prereqs",
-    "cuda_toolkit",
-    "cudnn",
-    "conda_env",
-    "pytorch",
-    "apex",
-    "verl",
-    "verl_patches",
-    "training_data",
-    "launch_script",
-]
 HOSTS = ["node1", "node2"]
 RECORDS = "/var/lib/p40fleet/stages"
 

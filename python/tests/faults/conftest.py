@@ -19,6 +19,7 @@ import pytest
 import yaml
 from tests.faults.cases import BY_NUMBER, CASES
 from tests.faults.tools import MODEL_REPO, MirrorServer, ProcessSampler
+from tests.stages import STAGES as SITE_STAGES
 
 from p40fleet import cli
 from p40fleet.paths import REPO_ROOT
@@ -31,20 +32,8 @@ FULL = os.environ.get("P40FLEET_FAULTS") == "full"
 # reuses it when its hosts are the same, and every case puts the hosts it uses where it needs them.
 SITE = REPO_ROOT / "site.yml"
 PREFLIGHT_DEFAULTS = REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml"
-# site.yml's stages (each play's tag), in order.
-STAGES = (
-    "gpu_preflight",
-    "host_prereqs",
-    "cuda_toolkit",
-    "cudnn",
-    "conda_env",
-    "pytorch",
-    "apex",
-    "verl",
-    "verl_patches",
-    "training_data",
-    "launch_script",
-)
+# site.yml's stages (each tagged with its name), in order.
+STAGES = ("gpu_preflight", *SITE_STAGES)
 
 _case_of: dict[str, tuple[int, ...]] = {}
 _deselected: set[str] = set()
