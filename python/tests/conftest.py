@@ -40,12 +40,18 @@ _sandboxes: dict[str, Sandbox] = {}
 
 @pytest.fixture(scope="session")
 def make_sandbox():
-    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS) -> a running Sandbox;
+    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None) -> a running Sandbox;
     removed at the end of the session."""
 
-    def make(name: str, profiles: Sequence[str], login: str = DEFAULT_LOGIN, os_name: str = DEFAULT_OS) -> Sandbox:
+    def make(
+        name: str,
+        profiles: Sequence[str],
+        login: str = DEFAULT_LOGIN,
+        os_name: str = DEFAULT_OS,
+        tmpfs: dict[str, dict[str, str]] | None = None,
+    ) -> Sandbox:
         sandbox = Sandbox(f"pytest-{name}")
-        sandbox.up(list(profiles), login=login, os_name=os_name)
+        sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs)
         _sandboxes[sandbox.name] = sandbox
         return sandbox
 

@@ -106,6 +106,23 @@ def test_unknown_profile_is_refused():
     assert "p40" in gpu_profiles()
 
 
+def test_a_small_filesystem_for_a_host_it_lacks_or_of_no_size_is_refused():
+    with pytest.raises(SandboxError, match=r"tmpfs names hosts \['node2'\] this sandbox does not have \(node1\)"):
+        Sandbox("pytest-refused").up(["p40"], tmpfs={"node2": {"/srv/small": "64m"}})
+    with pytest.raises(SandboxError, match="tmpfs /srv/small=lots: use an absolute path and a size like 64m"):
+        Sandbox("pytest-refused").up(["p40"], tmpfs={"node1": {"/srv/small": "lots"}})
+
+
+def test_a_host_gets_the_small_filesystem_it_asks_for(make_sandbox):
+    sandbox = make_sandbox("tmpfs", ["p40"], tmpfs={"node1": {"/srv/small": "8m"}})
+    mount = sandbox.exec("node1", "grep ' /srv/small ' /proc/mounts").stdout.split()
+    assert mount[2] == "tmpfs" and "size=8192k" in mount[3]
+    assert sandbox.host("node1").tmpfs == {"/srv/small": "8m"}
+    # Filling it fills it, not the build machine's disk.
+    full = sandbox.exec("node1", "dd if=/dev/zero of=/srv/small/fill bs=1M count=16")
+    assert full.returncode != 0 and "No space left on device" in full.stderr
+
+
 def test_unreachable_host_has_its_own_exit_code(fleet, tmp_path):
     node3 = fleet.host("node3")
     podman("stop", "-t", "0", node3.container)

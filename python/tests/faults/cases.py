@@ -53,8 +53,12 @@ CASES = (
         4,
         "driver too old, branch too new, NVML mismatch, no GPU: preflight stops that host with its message and"
         " changes nothing on it",
+        # Its hosts for these four: node3 driver too old, node4 past R580, node5 NVML mismatch, node6 no GPU.
         reused=(
-            T + "test_gpu_preflight.py::test_refused_host_gets_one_exact_message_and_is_left_untouched",
+            *(
+                T + f"test_gpu_preflight.py::test_refused_host_gets_one_exact_message_and_is_left_untouched[{host}]"
+                for host in ("node3", "node4", "node5", "node6")
+            ),
             T + "test_gpu_preflight.py::test_driver_change_is_reported_and_changes_only_the_saved_state",
         ),
     ),

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from tests.faults.cases import BY_NUMBER, CASES
-from tests.faults.tools import MODEL_REPO, MirrorServer, ProcessSampler
+from tests.faults.tools import CONDA_TMPFS, MODEL_REPO, MirrorServer, ProcessSampler
 from tests.stages import STAGES as SITE_STAGES
 
 from p40fleet import cli
@@ -62,10 +62,11 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
-def _outcomes(terminalreporter) -> dict[str, str]:
-    """Each test's outcome: failed (any phase) over skipped over passed."""
-    rank = {"passed": 0, "skipped": 1, "xfailed": 1, "failed": 2, "error": 2, "xpassed": 2}
+def _outcomes(terminalreporter) -> tuple[dict[str, str], dict[str, str]]:
+    """Each test's outcome (failed in any phase over xfailed over skipped over passed), and why each xfailed."""
+    rank = {"passed": 0, "skipped": 1, "xfailed": 2, "failed": 3, "error": 3, "xpassed": 3}
     found: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for key, reports in terminalreporter.stats.items():
         if key not in rank:
             continue
@@ -74,9 +75,11 @@ def _outcomes(terminalreporter) -> dict[str, str]:
             if not nodeid or (key == "passed" and getattr(report, "when", "call") != "call"):
                 continue
             outcome = "failed" if key in ("error", "xpassed") else key
+            if key == "xfailed":
+                reasons[nodeid] = getattr(report, "wasxfail", "")
             if nodeid not in found or rank[outcome] > rank[found[nodeid]]:
                 found[nodeid] = outcome
-    return found
+    return found, reasons
 
 
 def _belongs(nodeid: str, reused: str) -> bool:
@@ -84,17 +87,22 @@ def _belongs(nodeid: str, reused: str) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter):
-    outcomes = _outcomes(terminalreporter)
+    outcomes, reasons = _outcomes(terminalreporter)
+    line = terminalreporter.write_line
+    pad = f"{'':>4}  {'':<8}  {'':<28}  "
     terminalreporter.write_sep("=", "fault suite (issue 13): cases")
-    terminalreporter.write_line(f"{'case':>4}  {'result':<8}  {'tests':<28}  what")
+    line(f"{'case':>4}  {'result':<8}  {'tests':<28}  what")
     for case in CASES:
         own = [n for n, numbers in _case_of.items() if case.number in numbers]
         reused = [n for n in outcomes if any(_belongs(n, r) for r in case.reused)]
         ran = {n: outcomes[n] for n in own + reused if n in outcomes}
-        counts = {kind: sum(1 for o in ran.values() if o == kind) for kind in ("passed", "failed", "skipped")}
+        kinds = ("passed", "failed", "xfailed", "skipped")
+        counts = {kind: sum(1 for o in ran.values() if o == kind) for kind in kinds}
         waiting = [n for n in own if n in _deselected]
         if counts["failed"]:
             result = "FAIL"
+        elif counts["xfailed"]:
+            result = "DEFECT"  # a defect the case found, its test kept failing (strict xfail) until it is fixed
         elif counts["skipped"]:
             result = "SKIPPED"
         elif ran:
@@ -104,11 +112,13 @@ def pytest_terminal_summary(terminalreporter):
         tests = ", ".join(f"{count} {kind}" for kind, count in counts.items() if count) or "-"
         if waiting:
             tests += f"; {len(waiting)} in make faults"
-        terminalreporter.write_line(f"{case.number:>4}  {result:<8}  {tests:<28}  {case.title}")
+        line(f"{case.number:>4}  {result:<8}  {tests:<28}  {case.title}")
+        for nodeid in sorted(n for n in ran if ran[n] == "xfailed"):
+            line(f"{pad}known defect: {reasons.get(nodeid, '').removeprefix('reason: ')} ({nodeid.split('::')[-1]})")
         if case.pending:
-            terminalreporter.write_line(f"{'':>4}  {'':<8}  {'':<28}  still needs: {case.pending}")
+            line(f"{pad}still needs: {case.pending}")
         if result == "not run" and case.reused and not reused:
-            terminalreporter.write_line(f"{'':>4}  {'':<8}  {'':<28}  (the tests it reuses were not in this session)")
+            line(f"{pad}(the tests it reuses were not in this session)")
 
 
 # -- the shared fleet ---------------------------------------------------------------------------------------
@@ -125,7 +135,6 @@ def _disk_checks_with(path_purpose: str, min_free_gib: int) -> list[dict]:
 # host -> (GPU profile, small filesystems {path: size}, host_vars, what it is for). One sandbox serves every case:
 # hosts a case breaks on purpose are its own, and node1 is the converged host cases take turns on, each leaving
 # it converged again.
-CONDA_TMPFS = "/opt/miniconda3"
 HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
     "node1": (
         "p40",

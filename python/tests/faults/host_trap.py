@@ -72,6 +72,32 @@ def signal_session(sid, signum):
             return True
 
 
+def stopped(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+def release(sid):
+    """Let the whole session go on. sudo stops itself when it sees its child stopped (to pass job control on),
+    so a single SIGCONT can leave it stopped for good: continue every stopped member until none is left."""
+    deadline = time.monotonic() + 5
+    signal_session(sid, signal.SIGCONT)
+    while time.monotonic() < deadline:
+        held = [pid for pid in session_members(sid) if stopped(pid)]
+        if not held:
+            time.sleep(0.2)
+            if not [pid for pid in session_members(sid) if stopped(pid)]:
+                return
+            continue
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        time.sleep(0.02)
+
+
 def write(path, data):
     with open(path + ".tmp", "w") as handle:
         json.dump(data, handle)
@@ -121,7 +147,7 @@ def main(spec):
     }
     if spec["action"] == "fill":
         report["filled_bytes"], report["free_bytes"] = fill(spec["fill_path"], spec.get("leave_bytes", 0))
-        signal_session(sid, signal.SIGCONT)
+        release(sid)
         write(spec["out"], report)
         return 0
     write(spec["out"], report)
@@ -135,7 +161,7 @@ def main(spec):
             write(spec["out"] + ".done", {"left": session_members(sid)})
             return 0
         if os.path.exists(spec["out"] + ".cont"):
-            signal_session(sid, signal.SIGCONT)
+            release(sid)
             write(spec["out"] + ".done", {"continued": True})
             return 0
         time.sleep(0.05)

@@ -27,6 +27,7 @@ TRAP_SCRIPT = HERE / "host_trap.py"
 TRAP_PATH = "/root/p40fleet-faults-trap.py"
 BIN = REPO_ROOT / ".venv" / "bin"
 MODEL_REPO = "Qwen/Qwen2.5-0.5B-Instruct"  # training_data_model_repo's default
+CONDA_TMPFS = "/opt/miniconda3"  # conda_env_install_prefix, on a filesystem of node1's own
 
 
 def proc_command_lines() -> dict[int, bytes]:
@@ -254,3 +255,37 @@ _PORT_PROBE = "import socket; socket.create_connection(('127.0.0.1', %d), timeou
 
 def control_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="p40fleet-faults-cp-"))
+
+
+# Run by the env's own python on the host: every installed distribution, each file its RECORD lists present
+# with the sha256 the RECORD gives (byte-compiled caches aside, which Python rewrites on its own).
+RECORD_CHECK = r"""
+import base64, hashlib, importlib.metadata as md, json
+broken, names = {}, []
+for dist in md.distributions():
+    names.append(dist.metadata["Name"])
+    if dist.files is None:
+        broken[dist.metadata["Name"]] = ["no RECORD"]
+        continue
+    bad = []
+    for entry in dist.files:
+        if not entry.hash or entry.hash.mode != "sha256" or "__pycache__" in entry.parts:
+            continue
+        try:
+            data = open(entry.locate(), "rb").read()
+        except OSError:
+            bad.append(f"{entry} is missing")
+            continue
+        if base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() != entry.hash.value:
+            bad.append(f"{entry} differs")
+    if bad:
+        broken[dist.metadata["Name"]] = bad[:3]
+print(json.dumps({"names": sorted(names), "broken": broken}))
+"""
+
+
+def env_packages(sandbox: Sandbox, host: str, python: str, owner: str) -> dict:
+    """{'names': installed distributions, 'broken': {name: files missing or differing from its RECORD}}."""
+    result = sandbox.exec(host, f"{python} -c {shlex.quote(RECORD_CHECK)}", user=owner)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

@@ -24,7 +24,7 @@ import json
 import os
 import stat
 import tempfile
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -269,7 +269,7 @@ def write_json(path: str, content: dict, check_mode: bool, compare_without: tupl
 
 
 def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def record(params: dict, check_mode: bool) -> dict:

@@ -196,7 +196,7 @@ def parse_gpus(fields, out):
     for line in out.splitlines():
         if not line.strip():
             continue
-        row = dict(zip(fields, (cell.strip() for cell in line.split(","))))  # noqa: B905 - hosts may run Python 3.8, without zip(strict=)
+        row = dict(zip(fields, (cell.strip() for cell in line.split(","))))
         memory = row.get("memory.total", "")
         gpus.append(
             {
