@@ -113,7 +113,7 @@ def preflight_fact_event(host: str, content: dict) -> dict:
         "event": "runner_on_ok",
         "event_data": {
             "host": host,
-            "task": "Ensure the GPU profile and host facts are published for the later stages",
+            "task": "Ensure the host is probed, judged and its GPU profile published for the later stages",
             "role": "gpu_preflight",
             "res": {"ansible_facts": {"gpu_preflight_state_content": content}, "changed": False},
         },

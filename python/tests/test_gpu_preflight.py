@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sandbox
 
 ROLE = REPO_ROOT / "roles" / "gpu_preflight"
 STATE_FILE = "/etc/ansible/facts.d/p40fleet_preflight.fact"
-PUBLISH_TASK = "Ensure the GPU profile and host facts are published for the later stages"
+PUBLISH_TASK = "Ensure the host is probed, judged and its GPU profile published for the later stages"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 REAL_HOSTS = Path("/work/shared/reference/real-hosts")
 HUGE_DISK = [{"path": "/opt/p40fleet/conda", "min_free_gib": 100000, "purpose": "conda prefix"}]

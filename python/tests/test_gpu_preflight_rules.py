@@ -1,14 +1,14 @@
 """gpu_preflight's decisions without containers: recorded and synthetic probe answers, one verdict each.
 
 The probe (library/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
-judgement (tasks/assess.yml) runs in a local ansible-playbook against fake hosts whose probe report
-is given, so every GPU, driver, kernel module, OS and disk situation is paired with its exact verdict.
+judgement (action_plugins/gpu_preflight_probe.py, the task that also probes) runs in a local ansible-playbook
+against fake hosts whose probe report is given, with the role's defaults and vars as their group's variables,
+so every GPU, driver, kernel module, OS and disk situation is paired with its exact verdict.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import sys
 import textwrap
@@ -23,8 +23,7 @@ from p40fleet.run import run_playbook
 ROLE = REPO_ROOT / "roles" / "gpu_preflight"
 REAL_HOSTS = Path("/work/shared/reference/real-hosts")
 H200_OPEN = REAL_HOSTS / "h200-r580-open.txt"
-WARNING_TASK = "Ensure findings that do not block provisioning are shown"
-PUBLISH_TASK = "Ensure the GPU profile and host facts are published for the later stages"
+JUDGE_TASK = "Judge the report"
 GIB = 1 << 30
 
 
@@ -328,17 +327,19 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
 
 
 def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> dict:
-    """Run the role's assess.yml on fake local hosts; return {host: [(task, result), ...]} in order."""
+    """Judge each case's report with the role's action on fake local hosts; return {host: [(task, result)]}."""
     hosts = {}
     for host, (found, host_vars, _) in cases.items():
         hosts[host] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
-            "gpu_preflight_probe": {"report": found},
+            "recorded_report": found,
             **host_vars,
         }
+    # The role's defaults and vars as the group's variables: below the cases' host variables, as role defaults are.
+    role_vars = {**ROLE_DEFAULTS, **ROLE_VARS}
     inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts, "vars": role_vars}}}}))
     playbook = tmp_path / "assess.yml"
     playbook.write_text(
         textwrap.dedent(
@@ -348,15 +349,19 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
               hosts: p40-hosts
               gather_facts: false
               tasks:
-                - name: Judge the report
-                  ansible.builtin.include_role:
-                    name: {ROLE}
-                    tasks_from: assess.yml
+                - name: {JUDGE_TASK}
+                  gpu_preflight_probe:
+                    report: "{{{{ recorded_report }}}}"
+                    settings: "{{{{ gpu_preflight_settings }}}}"
             """
         )
     )
-    # Nothing of these fake hosts may reach a fact cache.
-    result = run_playbook(playbook, inventory, cmdline=cmdline, envvars={"ANSIBLE_CACHE_PLUGIN": "memory"})
+    envvars = {
+        "ANSIBLE_CACHE_PLUGIN": "memory",  # nothing of these fake hosts may reach a fact cache
+        "ANSIBLE_ACTION_PLUGINS": str(ROLE / "action_plugins"),
+        "ANSIBLE_FILTER_PLUGINS": str(ROLE / "filter_plugins"),
+    }
+    result = run_playbook(playbook, inventory, cmdline=cmdline, envvars=envvars)
     results: dict[str, list] = {host: [] for host in cases}
     for event in result.events:
         data = event.get("event_data", {})
@@ -372,7 +377,7 @@ def verdict(results: list) -> tuple:
     for name, result in results:
         if result["failed"]:
             return ("refused", result.get("msg", ""))
-        if name == PUBLISH_TASK:
+        if name == JUDGE_TASK:
             return ("accepted", result["ansible_facts"]["gpu_preflight_profile"]["name"])
     raise AssertionError(f"neither refused nor published: {results}")
 
@@ -397,8 +402,9 @@ def test_each_situation_gets_its_verdict(judged, host):
 
 
 def test_a_soft_finding_turned_off_by_a_string_false_is_warned_about(judged):
-    shown = [json.dumps(r) for name, r in judged["ubuntu1804_not_strict_string"] if name == WARNING_TASK]
-    assert any("WARNING ubuntu1804_not_strict_string: found Ubuntu 18.04.6 LTS" in s for s in shown), shown
+    (name, result), *_ = judged["ubuntu1804_not_strict_string"]
+    assert name == JUDGE_TASK and not result["failed"], result
+    assert any(w.startswith("found Ubuntu 18.04.6 LTS") for w in result["verdict"]["warnings"]), result["verdict"]
 
 
 def test_strict_false_from_the_command_line_turns_soft_findings_into_warnings(tmp_path):
@@ -453,7 +459,8 @@ def as_bool(value) -> bool:
 
 
 def settings(host: str, host_vars: dict) -> dict:
-    """The settings assess.yml passes to the filter: role defaults, host_vars on top, paths rendered."""
+    """The settings the role passes to the rules (vars/main.yml, gpu_preflight_settings): role defaults, host_vars
+    on top, paths rendered."""
     values = {**ROLE_DEFAULTS, **ROLE_VARS, **host_vars}
 
     def render(path: str) -> str:
