@@ -630,6 +630,29 @@ class Sandbox:
         )
 
     # -- host operations -----------------------------------------------------------------------
+    def power_off(self, host: str) -> None:
+        """Stop a host at once (its container, no shutdown): an outage. Whatever ran on it dies unfinished."""
+        podman("stop", "-t", "0", self.host(host).container)
+
+    def power_on(self, host: str) -> Host:
+        """Start a stopped host again, as a host back from an outage. podman gives the container another
+        address, as a DHCP lease may: the inventory and known_hosts follow, as DNS would on a real fleet."""
+        hosts = self.hosts()
+        entry = next(h for h in hosts if h.name == host)
+        podman("start", entry.container)
+        entry.address = self._address(entry.container)
+        _wait_for_port(entry.address, 22)
+        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+        self._write_known_hosts(hosts)
+        inventory_file = self.inventory_dir / "hosts.yml"
+        text = inventory_file.read_text()
+        inventory = yaml.safe_load(text)
+        sandbox_hosts = inventory["all"]["children"]["p40-hosts"]["children"]["p40_sandbox"]["hosts"]
+        sandbox_hosts[host]["ansible_host"] = entry.address
+        header = "".join(line + "\n" for line in text.splitlines() if line.startswith(("---", "#")))
+        inventory_file.write_text(header + yaml.safe_dump(inventory, sort_keys=False))
+        return entry
+
     def exec(self, host: str, command: str, user: str = "root") -> subprocess.CompletedProcess:
         """Run a shell command inside a host, bypassing Ansible: for asserting real state."""
         result = podman("exec", "-u", user, self.host(host).container, "sh", "-c", command, check=False)

@@ -214,7 +214,10 @@ def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
     assert stages[0] == "host_prereqs" and stages[-1] == "launch_script"
     for stage in stages:
         role = REPO_ROOT / "roles" / stage
-        assert f"{stage}_state_markers" in yaml.safe_load((role / "vars" / "main.yml").read_text()), stage
+        # vars/main.yml, or vars/main/ (a directory of them: verl_patches keeps its patch sets there)
+        role_vars = [role / "vars" / "main.yml", *sorted((role / "vars" / "main").glob("*.yml"))]
+        declared = {k for path in role_vars if path.exists() for k in yaml.safe_load(path.read_text())}
+        assert f"{stage}_state_markers" in declared, stage
         gate = yaml.safe_load((role / "tasks" / "main.yml").read_text())
         assert len(gate) <= 2, stage
         assert gate[0]["ansible.builtin.include_tasks"] == "converge.yml", stage

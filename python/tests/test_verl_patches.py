@@ -381,7 +381,7 @@ def test_missing_gpu_profile_fails_with_a_clear_message(ws, play, releases):
 def test_failed_post_condition_restores_the_files_and_writes_no_record(ws, play, releases, repo_root):
     # The shipped 0.4.1 set, with the Triton entry's post-condition loosened so that it also counts the
     # untouched except-branch (2 matches, 1 expected): the edits happen, the check after them fails.
-    shipped = yaml.safe_load((repo_root / "roles/verl_patches/vars/patchsets/verl-0.4.1.yml").read_text())
+    shipped = yaml.safe_load((repo_root / "roles/verl_patches/vars/main/patchsets/verl-0.4.1.yml").read_text())
     broken = shipped["verl_patches_set_v0_4_1"]
     for entry in broken["entries"]:
         if entry["id"] == "triton-cross-entropy-off":

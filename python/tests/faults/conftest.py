@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import secrets
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +154,10 @@ HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
     "node9": ("p40", {}, {}, "case 9: a GPU model the host does not have"),
     "node10": ("p40", {}, {}, "case 9: a misspelt profile"),
     "node11": ("p40", {}, {}, "case 9: bad values met by later stages, strings from -e"),
+    "node12": ("p40", {}, {}, "case 3: one of four hosts, converges"),
+    "node13": ("p40", {}, {}, "case 3: one of four hosts, converges"),
+    "node14": ("p40", {}, {}, "case 3: one of four hosts, converges"),
+    "node15": ("p40", {}, {}, "case 3: the host that goes away mid-run and comes back"),
 }
 
 
@@ -296,7 +301,13 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
         fleet.dirty.discard("node1")
     else:
         fleet.dirty.add("node1")
-    run_dirs = sorted(set(runs.glob("inventories/*/runs/*")) - before)
+    # Copied as the run left them: p40fleet keeps the newest runs per inventory only (--keep-runs), and the cases
+    # that run before case 10's tests would rotate these away.
+    kept = tmp_path_factory.mktemp("first-converge-runs")
+    run_dirs = []
+    for path in sorted(set(runs.glob("inventories/*/runs/*")) - before):
+        run_dirs.append(kept / path.parent.parent.name / path.name)
+        shutil.copytree(path, run_dirs[-1], symlinks=True)
     return FirstConverge(code, console.getvalue(), report, run_dirs, sampler, token, password, hub)
 
 

@@ -26,7 +26,7 @@ VERL = "/opt/p40fleet/verl"  # verl_checkout_dir
 STATE = "/var/lib/p40fleet/verl_patches"  # verl_patches_state_dir
 OWNER = "p40fleet"
 ACTOR = "verl/workers/actor/dp_actor.py"
-PATCH_SET = yaml.safe_load((REPO_ROOT / "roles/verl_patches/vars/patchsets/verl-0.4.1.yml").read_text())
+PATCH_SET = yaml.safe_load((REPO_ROOT / "roles/verl_patches/vars/main/patchsets/verl-0.4.1.yml").read_text())
 
 
 def tree(fleet, root: str) -> dict[str, str]:
@@ -101,15 +101,23 @@ def test_a_moved_anchor_or_a_release_without_a_patch_set_fails_closed_on_the_hos
 
     # A checkout of a release the role has no patch set for.
     fleet.sh(HOST, f"git -C {VERL} checkout -- . && echo 0.4.0 > {VERL}/verl/version/version", user=OWNER)
-    other = tree(fleet, VERL)
-    unsupported = fleet.play(HOST, stages=("verl_patches",))
-    assert messages(unsupported) == [
-        f"{HOST}: verl '0.4.0' in {VERL} has no patch set (supported: 0.4.1, 0.5.0), and GPU profile pascal needs"
-        " patches. Nothing was changed. Install a supported verl, or add"
-        " roles/verl_patches/vars/patchsets/verl-0.4.0.yml written against that release."
-    ]
-    assert tree(fleet, VERL) == other
-    assert fleet.sh(HOST, f"ls -A {STATE}") == ""
-
-    fleet.sh(HOST, f"git -C {VERL} checkout -- .", user=OWNER)
+    try:
+        other = tree(fleet, VERL)
+        # Not the release the inventory pins: refused before the patch sets are looked at.
+        mismatch = fleet.play(HOST, stages=("verl_patches",))
+        assert messages(mismatch) == [
+            f"{HOST}: verl_patches_verl_version is 0.4.1 but {VERL}/verl/version/version says '0.4.0'. Nothing was"
+            " changed. Reinstall verl 0.4.1 (verl role) or correct verl_version."
+        ]
+        # The inventory says 0.4.0 too: no patch set for it.
+        unsupported = fleet.play(HOST, stages=("verl_patches",), extra_vars={"verl_patches_verl_version": "0.4.0"})
+        assert messages(unsupported) == [
+            f"{HOST}: verl '0.4.0' in {VERL} has no patch set (supported: 0.4.1, 0.5.0), and GPU profile pascal needs"
+            " patches. Nothing was changed. Install a supported verl, or add"
+            " roles/verl_patches/vars/main/patchsets/verl-0.4.0.yml written against that release."
+        ]
+        assert tree(fleet, VERL) == other
+        assert fleet.sh(HOST, f"ls -A {STATE}") == ""
+    finally:
+        fleet.sh(HOST, f"git -C {VERL} checkout -- .", user=OWNER)
     fleet.converge(HOST)
