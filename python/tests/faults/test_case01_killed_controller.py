@@ -21,7 +21,11 @@ from dataclasses import dataclass
 
 import pytest
 from tests.faults.tools import (
-    CONDA_TMPFS,
+    CONVERGED_HOST,
+    ENV,
+    ENV_OWNER,
+    ENV_PYTHON,
+    SITE_PACKAGES,
     HostTrap,
     control_dir,
     env_packages,
@@ -31,11 +35,7 @@ from tests.faults.tools import (
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(1), pytest.mark.faults_full]
 
-HOST = "node1"
-OWNER = "p40fleet"
-ENV = f"{CONDA_TMPFS}/envs/verl-env"
-PYTHON = f"{ENV}/bin/python"
-SITE_PACKAGES = f"{ENV}/lib/python3.11/site-packages"
+HOST, OWNER, PYTHON = CONVERGED_HOST, ENV_OWNER, ENV_PYTHON
 CUDA = "/usr/local/cuda-11.8"
 APEX_WHEELS = "/opt/p40fleet/apex-wheels"
 VERL_MARKER = f"{ENV}/.p40fleet-verl-requirements.sha1"

@@ -12,15 +12,20 @@ RECORD lists present, with that sha256).
 from __future__ import annotations
 
 import pytest
-from tests.faults.tools import CONDA_TMPFS, HostTrap, env_packages
+from tests.faults.tools import (
+    CONDA_TMPFS,
+    CONVERGED_HOST,
+    ENV,
+    ENV_OWNER,
+    ENV_PYTHON,
+    SITE_PACKAGES,
+    HostTrap,
+    env_packages,
+)
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(12), pytest.mark.faults_full]
 
-HOST = "node1"
-OWNER = "p40fleet"
-ENV = f"{CONDA_TMPFS}/envs/verl-env"
-PYTHON = f"{ENV}/bin/python"
-SITE_PACKAGES = f"{ENV}/lib/python3.11/site-packages"
+HOST, OWNER, PYTHON = CONVERGED_HOST, ENV_OWNER, ENV_PYTHON
 MARKER = f"{ENV}/.p40fleet-verl-requirements.sha1"  # the verl role's record of the completed set
 FILLER = f"{CONDA_TMPFS}/.p40fleet-faults-filler"
 TAKEN_OUT = ("ray", "pyarrow", "transformers", "pandas")

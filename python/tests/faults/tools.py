@@ -28,6 +28,12 @@ TRAP_PATH = "/root/p40fleet-faults-trap.py"
 BIN = REPO_ROOT / ".venv" / "bin"
 MODEL_REPO = "Qwen/Qwen2.5-0.5B-Instruct"  # training_data_model_repo's default
 CONDA_TMPFS = "/opt/miniconda3"  # conda_env_install_prefix, on a filesystem of node1's own
+# node1, the converged host the whole-stack cases share, and its env (on its own small filesystem).
+CONVERGED_HOST = "node1"
+ENV_OWNER = "p40fleet"
+ENV = f"{CONDA_TMPFS}/envs/verl-env"
+ENV_PYTHON = f"{ENV}/bin/python"
+SITE_PACKAGES = f"{ENV}/lib/python3.11/site-packages"
 
 
 def proc_command_lines() -> dict[int, bytes]:
