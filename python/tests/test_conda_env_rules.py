@@ -1,0 +1,61 @@
+"""conda_env's decisions (install Miniconda, create the env, anything to do at all), without containers
+(filter_plugins/conda_env.py).
+
+The findings are the key=value lines of the role's two probes, as strings; each situation is paired with its
+decisions. The sandbox tests (molecule python_stack, the fault suite's case 1) prove the wiring on hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from p40fleet.paths import REPO_ROOT
+from tests.test_cuda_toolkit_rules import load
+
+PLAN = load("conda_env", "conda_env.py").conda_env_plan
+SHA = "aef279d6baea7f67940f16aad17ebe5f6aac97487c7c03466ff01f4819e5a651"
+CONDARC = "always_yes: true\nchannels:\n- conda-forge\n"
+SETTINGS = {"installer_sha256": SHA.upper(), "python_version": "3.10", "condarc": CONDARC, "owner": "p40fleet"}
+CONVERGED = {
+    "owner": "yes",
+    "installed_sha256": SHA,
+    "condarc_sha1": hashlib.sha1(CONDARC.encode()).hexdigest(),
+    "env_dir": "yes",
+    "env_owner": "p40fleet",
+    "creating": "",
+    "conda": "conda 23.3.1",
+    "env_python": "3.10",
+}
+FRESH = {**dict.fromkeys(CONVERGED, ""), "conda": "", "env_python": ""}
+
+# situation: (found, (install_miniconda, create_env, install_needed))
+CASES = {
+    "converged": (CONVERGED, (False, False, False)),
+    "fresh_host": (FRESH, (True, True, True)),
+    "another_installer_made_the_prefix": ({**CONVERGED, "installed_sha256": "0" * 64}, (True, False, True)),
+    "conda_does_not_run": ({**CONVERGED, "conda": ""}, (True, False, True)),
+    "env_missing": ({**CONVERGED, "env_dir": "", "env_owner": "", "env_python": ""}, (False, True, True)),
+    "env_with_another_python": ({**CONVERGED, "env_python": "3.11"}, (False, True, True)),
+    # A create killed after the env's python was in place: its python runs, the marker says unfinished.
+    "create_left_unfinished": ({**CONVERGED, "creating": "yes"}, (False, True, True)),
+    "condarc_changed": ({**CONVERGED, "condarc_sha1": "0" * 40}, (False, False, True)),
+    "env_owned_by_someone_else": ({**CONVERGED, "env_owner": "root"}, (False, False, True)),
+    "owner_missing": ({**CONVERGED, "owner": ""}, (False, False, True)),
+}
+
+
+@pytest.mark.parametrize("situation", sorted(CASES))
+def test_each_situation_gets_its_decisions(situation):
+    found, (install_miniconda, create_env, install_needed) = CASES[situation]
+    assert PLAN(found, SETTINGS) == {
+        "install_miniconda": install_miniconda,
+        "create_env": create_env,
+        "install_needed": install_needed,
+    }
+
+
+def test_the_role_wires_the_filter():
+    converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "converge.yml").read_text()
+    assert "conda_env_probed | conda_env_plan(" in converge
