@@ -371,6 +371,9 @@ class Sandbox:
                 return host
         raise SandboxError(f"sandbox {self.name} has no host {name!r}")
 
+    def _save_hosts(self, hosts: list[Host]) -> None:
+        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+
     @property
     def key_file(self) -> Path:
         return self.dir / "id_ed25519"
@@ -431,7 +434,7 @@ class Sandbox:
         hosts = []
         for name, profile in zip(names, profiles, strict=True):
             hosts.append(self._start_host(image, name, profile, login, os_name, mirror, tmpfs.get(name, {})))
-        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+        self._save_hosts(hosts)
         for host in hosts:
             self.set_profile(host.name, host.profile)
         self._write_known_hosts(hosts)
@@ -580,12 +583,7 @@ class Sandbox:
             lines.append(f"{host.address} {key_type} {key_body}")
         (self.dir / "known_hosts").write_text("\n".join(lines) + "\n")
 
-    def _write_inventory(self, hosts: list[Host], standin_vars: dict) -> None:
-        group_vars = self.inventory_dir / "group_vars"
-        group_vars.mkdir(parents=True, exist_ok=True)
-        pins = group_vars / "p40-hosts"
-        if not pins.exists():
-            pins.symlink_to(paths.checkout("the sandbox") / "inventory" / "group_vars" / "p40-hosts")
+    def _write_hosts_file(self, hosts: list[Host]) -> None:
         inventory = {
             "all": {
                 "children": {
@@ -606,6 +604,14 @@ class Sandbox:
             "---\n# Written by `p40fleet sandbox up`; replaced on every start.\n"
             + yaml.safe_dump(inventory, sort_keys=False)
         )
+
+    def _write_inventory(self, hosts: list[Host], standin_vars: dict) -> None:
+        group_vars = self.inventory_dir / "group_vars"
+        group_vars.mkdir(parents=True, exist_ok=True)
+        pins = group_vars / "p40-hosts"
+        if not pins.exists():
+            pins.symlink_to(paths.checkout("the sandbox") / "inventory" / "group_vars" / "p40-hosts")
+        self._write_hosts_file(hosts)
         mirror = self._address(self.mirror_container)
         # Every host of a sandbox shares one login mode; only `--login root` logs in as root.
         login_user = LOGIN_USER if any(h.login != "root" for h in hosts) else "root"
@@ -642,15 +648,9 @@ class Sandbox:
         podman("start", entry.container)
         entry.address = self._address(entry.container)
         _wait_for_port(entry.address, 22)
-        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+        self._save_hosts(hosts)
         self._write_known_hosts(hosts)
-        inventory_file = self.inventory_dir / "hosts.yml"
-        text = inventory_file.read_text()
-        inventory = yaml.safe_load(text)
-        sandbox_hosts = inventory["all"]["children"]["p40-hosts"]["children"]["p40_sandbox"]["hosts"]
-        sandbox_hosts[host]["ansible_host"] = entry.address
-        header = "".join(line + "\n" for line in text.splitlines() if line.startswith(("---", "#")))
-        inventory_file.write_text(header + yaml.safe_dump(inventory, sort_keys=False))
+        self._write_hosts_file(hosts)
         return entry
 
     def exec(self, host: str, command: str, user: str = "root") -> subprocess.CompletedProcess:
@@ -679,7 +679,7 @@ class Sandbox:
         for entry in hosts:
             if entry.name == host:
                 entry.profile = profile
-        self.state_file.write_text(json.dumps({"hosts": [vars(h) for h in hosts]}, indent=2))
+        self._save_hosts(hosts)
 
 
 def _wait_for_port(address: str, port: int, timeout: float = 30.0) -> None:

@@ -7,7 +7,6 @@ must refuse what real torch refuses. The full build on the hosts is in test_pyth
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from p40fleet.paths import REPO_ROOT, STANDINS_DIR
+from tests.source_modules import load_module
 
 ARTIFACTS = STANDINS_DIR / "artifacts"
 DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "defaults" / "main.yml").read_text())
@@ -28,10 +28,7 @@ NVCC = ARTIFACTS / "apex_repo" / "nvcc"
 
 
 def load_builder(name: str):
-    spec = importlib.util.spec_from_file_location(f"p40fleet_test_{name}", ARTIFACTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ARTIFACTS / f"{name}.py", f"p40fleet_test_{name}")
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,11 @@ import hashlib
 import pytest
 
 from p40fleet.paths import REPO_ROOT
-from tests.test_cuda_toolkit_rules import load
+from tests.source_modules import load_module
 
-PLAN = load("conda_env", "conda_env.py").conda_env_plan
+PLAN = load_module(
+    REPO_ROOT / "roles" / "conda_env" / "filter_plugins" / "conda_env.py", "conda_env_filter"
+).conda_env_plan
 SHA = "aef279d6baea7f67940f16aad17ebe5f6aac97487c7c03466ff01f4819e5a651"
 CONDARC = "always_yes: true\nchannels:\n- conda-forge\n"
 SETTINGS = {"installer_sha256": SHA.upper(), "python_version": "3.10", "condarc": CONDARC, "owner": "p40fleet"}

@@ -6,23 +6,14 @@ its verdict. The sandbox tests (test_cuda_toolkit.py) prove the wiring on hosts.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
 
-
-def load(role: str, name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"{role}_filter", REPO_ROOT / "roles" / role / "filter_plugins" / name
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CLASSIFY = load("cuda_toolkit", "cuda_toolkit.py").cuda_toolkit_classify
+CLASSIFY = load_module(
+    REPO_ROOT / "roles" / "cuda_toolkit" / "filter_plugins" / "cuda_toolkit.py", "cuda_toolkit_filter"
+).cuda_toolkit_classify
 WHOLE = {"home_exists": True, "version_json": "11.8.89", "nvcc_release": "11.8", "libcudart": True, "marker": None}
 
 CASES = {

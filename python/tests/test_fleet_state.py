@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
 
 from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "fleet_state"
 
 
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-probe_module = load(ROLE / "library" / "fleet_state_probe.py", "fleet_state_probe")
-specs_lookup = load(ROLE / "lookup_plugins" / "fleet_state_specs.py", "fleet_state_specs")
+probe_module = load_module(ROLE / "library" / "fleet_state_probe.py", "fleet_state_probe")
+specs_lookup = load_module(ROLE / "lookup_plugins" / "fleet_state_specs.py", "fleet_state_specs")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ so every GPU, driver, kernel module, OS and disk situation is paired with its ex
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import yaml
 
 from p40fleet.paths import REPO_ROOT
 from p40fleet.run import run_playbook
+from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "gpu_preflight"
 REAL_HOSTS = Path("/work/shared/reference/real-hosts")
@@ -27,14 +27,7 @@ JUDGE_TASK = "Judge the report"
 GIB = 1 << 30
 
 
-def load_probe():
-    spec = importlib.util.spec_from_file_location("gpu_preflight_probe", ROLE / "library" / "gpu_preflight_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PROBE = load_probe()
+PROBE = load_module(ROLE / "library" / "gpu_preflight_probe.py", "gpu_preflight_probe")
 
 
 def recorded(path: Path, command: str) -> str:
@@ -439,15 +432,7 @@ def test_disk_checks_follow_the_other_roles_defaults():
 # --- The rules themselves, called directly (filter_plugins/gpu_preflight.py) ----------------------
 
 
-def load_filter():
-    path = ROLE / "filter_plugins" / "gpu_preflight.py"
-    spec = importlib.util.spec_from_file_location("gpu_preflight_filter", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.gpu_preflight_assess
-
-
-ASSESS = load_filter()
+ASSESS = load_module(ROLE / "filter_plugins" / "gpu_preflight.py", "gpu_preflight_filter").gpu_preflight_assess
 ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 FALLBACK = re.compile(r"\{\{ (\w+) \| default\('([^']+)'\) \}\}")

@@ -3,13 +3,13 @@ reading of apt-cache; the sandbox tests in test_login_modes.py prove the stage o
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 import yaml
 
 from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "host_prereqs"
 SUPPORTED = ("Debian-11", "Debian-12", "Ubuntu-20.04", "Ubuntu-22.04", "Ubuntu-24.04")
@@ -86,12 +86,7 @@ def test_defaults_and_argument_specs_declare_the_same_prefixed_variables():
 
 
 def _probe_module():
-    spec = importlib.util.spec_from_file_location(
-        "host_prereqs_packages", ROLE / "library" / "host_prereqs_packages.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROLE / "library" / "host_prereqs_packages.py", "host_prereqs_packages")
 
 
 # `apt-cache policy gcc-11 git libxml2 nosuch` on Debian 12 (an unknown package prints nothing).

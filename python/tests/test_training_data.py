@@ -8,7 +8,6 @@ needs the token, and that the token is in no file the run leaves behind.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import secrets
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from p40fleet.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR
+from tests.source_modules import load_module
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "training_data.yml"
 TOOL = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_tool.py"
@@ -32,15 +32,8 @@ DATA_ENV_PACKAGES = ["pyarrow", "huggingface_hub"]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load(TOOL, "training_data_tool")
-content = load(HUB_CONTENT, "hub_content")
+tool = load_module(TOOL, "training_data_tool")
+content = load_module(HUB_CONTENT, "hub_content")
 
 
 @pytest.mark.parametrize(

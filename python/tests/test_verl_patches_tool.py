@@ -9,7 +9,6 @@ run (the role refuses to touch those: issue 13, case 8).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -17,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
 
 TOOL_PATH = REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_tool.py"
-_spec = importlib.util.spec_from_file_location("verl_patches_tool", TOOL_PATH)
-tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tool)
+tool = load_module(TOOL_PATH, "verl_patches_tool")
 
 VERSION = "9.9.9"
 A = "verl/a.py"  # patched for the dtype group
