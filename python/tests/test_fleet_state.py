@@ -35,7 +35,13 @@ def host(tmp_path):
 
 def run_probe(state_dir, stages, check_mode=False, preflight=None, run_tags=("all",)):
     return probe_module.probe(
-        {"state_dir": str(state_dir), "stages": stages, "preflight_state": preflight, "run_tags": list(run_tags)},
+        {
+            "state_dir": str(state_dir),
+            "stages": stages,
+            "preflight_state": preflight,
+            "run_tags": list(run_tags),
+            "host": "node1",
+        },
         check_mode,
     )
 
@@ -173,8 +179,24 @@ def test_reverify_follows_the_preflight_state_the_stack_was_verified_on(tmp_path
     probe_module.verified_record({"state_dir": str(tmp_path), "preflight_state": preflight}, False)
     assert run_probe(tmp_path, {}, preflight=preflight)["reverify"] is False
     upgraded = {**preflight, "driver_version": "550.144.03"}
-    assert run_probe(tmp_path, {}, preflight=upgraded)["reverify"] is True
+    after_upgrade = run_probe(tmp_path, {}, preflight=upgraded)
+    assert (after_upgrade["reverify"], after_upgrade["converged"]) == (True, False)
+    assert after_upgrade["warnings"] == [
+        "node1: the preflight state changed since the stack was last verified (535.183.01 -> 550.144.03): "
+        "re-verifying every stage"
+    ]
     assert run_probe(tmp_path, {}, preflight=None)["reverify"] is False  # no preflight in the play: nothing to compare
+    settled = run_probe(tmp_path, {}, preflight=preflight)
+    assert (settled["converged"], "warnings" in settled) == (True, False)
+
+
+def test_a_host_is_converged_only_when_every_gate_is_none(host):
+    root, spec = host
+    stages = {"cudnn": spec}
+    assert run_probe(root / "state", stages)["converged"] is False  # no record yet
+    record(root / "state", stages, "cudnn")
+    assert run_probe(root / "state", stages)["converged"] is True
+    assert run_probe(root / "state", stages, run_tags=("verify",))["converged"] is False
 
 
 def test_check_mode_writes_no_record(host):

@@ -658,14 +658,17 @@ def test_soft_findings_become_warnings_without_the_strict_hint():
 def test_a_driver_change_since_the_saved_state_is_reported():
     found = sandbox_report("p40")
     first = ASSESS(found, settings("host", {}))["facts"]
+    assert first["gpu_preflight_state_changed"] is True
     found["state"] = {"exists": True, "error": "", "content": first["gpu_preflight_state_content"]}
-    assert ASSESS(found, settings("host", {}))["facts"]["gpu_preflight_changes"] == []
+    again = ASSESS(found, settings("host", {}))["facts"]
+    assert (again["gpu_preflight_changes"], again["gpu_preflight_state_changed"]) == ([], False)
     upgraded = sandbox_report("p40")
     for gpu in upgraded["nvidia_smi"]["gpus"]:
         gpu["driver_version"] = "550.127.05"
     upgraded["state"] = found["state"]
     facts = ASSESS(upgraded, settings("host", {}))["facts"]
     assert facts["gpu_preflight_changes"] == ["driver 535.183.01 -> 550.127.05: re-verifying the stack"]
+    assert facts["gpu_preflight_state_changed"] is True
     assert (facts["gpu_preflight_driver_changed"], facts["gpu_preflight_previous_driver_version"]) == (
         True,
         "535.183.01",

@@ -57,6 +57,10 @@ options:
   preflight_state:
     description: The preflight state this run found (what the stack is verified against); null when not known.
     type: raw
+  host:
+    description: The host's inventory name, for the re-verification warning.
+    type: str
+    default: this host
   run_tags:
     description: The run's tags (ansible_run_tags).
     type: list
@@ -75,7 +79,11 @@ stages:
   type: dict
   returned: mode probe
 reverify:
-  description: Whether the stack must be re-verified on this host.
+  description: Whether the stack must be re-verified on this host (also said in a warning naming the host).
+  type: bool
+  returned: mode probe
+converged:
+  description: Every stage's gate is none and nothing is to be re-verified; the play can end for this host.
   type: bool
   returned: mode probe
 """
@@ -234,14 +242,23 @@ def probe(params: dict, check_mode: bool) -> dict:
             "plan": f"{name} would be converged: " + "; ".join(drift) if drift else f"{name} is converged",
         }
     saved_preflight = read_json(params["preflight_state_file"]) if params.get("preflight_state_file") else None
-    return {
+    gates = {name: stage["gate"] for name, stage in stages.items()}
+    result = {
         "changed": False,
         "preflight": saved_preflight,
         "stages": stages,
         "reverify": reverify,
         "verified": verified,
-        "gates": {name: stage["gate"] for name, stage in stages.items()},
+        "gates": gates,
+        "converged": not reverify and all(value == "none" for value in gates.values()),
     }
+    if reverify:
+        was = verified.get("driver_version") if isinstance(verified, dict) else None
+        result["warnings"] = [
+            f"{params['host']}: the preflight state changed since the stack was last verified "
+            f"({was or 'never verified'} -> {(preflight or {}).get('driver_version') or '?'}): re-verifying every stage"
+        ]
+    return result
 
 
 def write_json(path: str, content: dict, check_mode: bool, compare_without: tuple[str, ...] = ("at",)) -> bool:
@@ -308,6 +325,7 @@ def main() -> None:
             "preflight_state": {"type": "raw"},
             "preflight_state_file": {"type": "path"},
             "run_tags": {"type": "list", "elements": "str", "default": ["all"]},
+            "host": {"type": "str", "default": "this host"},
             "packages": {"type": "list", "elements": "str", "default": []},
         },
         required_if=[("mode", "record", ["stage"]), ("mode", "verified", ["preflight_state"])],

@@ -365,7 +365,13 @@ def gpu_preflight_assess(found, settings):
         warnings.append(
             f"the saved state {settings['state_file']} is unreadable ({state['error']}); it will be rewritten"
         )
-    return {"errors": errors, "warnings": warnings, "facts": None if errors else host.published()}
+    facts = None
+    if not errors:
+        facts = host.published()
+        # One boolean for the tasks that show, record and read back the state: comparing the two contents in a
+        # `when` would template both on every run, converged hosts included.
+        facts["gpu_preflight_state_changed"] = facts["gpu_preflight_state_content"] != state.get("content")
+    return {"errors": errors, "warnings": warnings, "facts": facts}
 
 
 class FilterModule:
