@@ -10,9 +10,11 @@ tasks per stage and host, and a driver change on one host re-verifies that host'
 from __future__ import annotations
 
 import collections
+import textwrap
 
 import pytest
 
+from p40fleet.paths import REPO_ROOT
 from tests.host_state import sh
 from tests.stages import STAGES
 
@@ -139,6 +141,45 @@ def test_verify_tag_rechecks_every_stage_and_installs_nothing(fleet, converged):
     for host in HOSTS:
         unverified = [stage for stage in STAGES if counts[(host, stage)] < 2 and stage != "host_prereqs"]
         assert unverified == [], (host, counts)
+
+
+def test_each_stage_s_variable_subset_templates_as_every_variable_does(fleet, converged, run_playbook, tmp_path):
+    """fleet_state_specs templates each stage against the variables it references; on the real roles and a real
+    host's facts the result is the one every variable of the play gives."""
+    playbook = tmp_path / "specs.yml"
+    playbook.write_text(
+        textwrap.dedent(
+            f"""\
+            ---
+            - name: Template every stage's markers and inputs both ways
+              hosts: node1
+              gather_facts: false
+              roles: [fleet_state, {", ".join(STAGES)}]
+              pre_tasks:
+                - name: Publish the GPU profile that the stages' inputs read
+                  ansible.builtin.include_role:
+                    name: gpu_preflight
+                - name: Compare the subset's result with every variable's
+                  ansible.builtin.assert:
+                    that:
+                      - subset == every
+                      - subset.keys() | sort == {sorted(STAGES)}
+                    fail_msg: "{{{{ subset | to_json }}}} != {{{{ every | to_json }}}}"
+                    quiet: true
+                  vars:
+                    roles_dir: {REPO_ROOT / "roles"}
+                    subset: "{{{{ lookup('fleet_state_specs', *fleet_state_stages, roles_dir=roles_dir) }}}}"
+                    every: >-
+                      {{{{ lookup('fleet_state_specs', *fleet_state_stages, roles_dir=roles_dir,
+                                  every_variable=true) }}}}
+                - name: Stop before the stages
+                  ansible.builtin.meta: end_play
+            """
+        )
+    )
+    result = run_playbook(playbook, fleet.inventory_dir)
+    assert result.rc == 0, failures(result)
+    assert result.stats["node1"]["changed"] == 0, result.stats
 
 
 def test_a_driver_change_reverifies_that_host_only(fleet, converged):

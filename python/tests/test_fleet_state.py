@@ -240,3 +240,34 @@ def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
         converge = yaml.safe_load((role / "tasks" / "converge.yml").read_text())
         assert converge[-1]["ansible.builtin.include_role"] == {"name": "fleet_state", "tasks_from": "record"}, stage
         assert converge[-1]["vars"]["fleet_state_record_stage"] == stage
+
+
+def test_a_stage_is_templated_against_the_variables_it_references_transitively():
+    variables = {
+        "cudnn_prefix": "{{ cudnn_root }}/cudnn-{{ cudnn_version | default('8.9.7') }}",
+        "cudnn_root": "{% if cudnn_side_path %}/opt{% else %}/usr/local{% endif %}",
+        "cudnn_side_path": True,
+        "cudnn_version": "8.9.7.29",
+        "cudnn_markers": {"files": ["{{ cudnn_prefix }}/include/cudnn_version.h"], "note": "cudnn_unrelated as text"},
+        "cudnn_unrelated": "{{ cudnn_version }}",
+        "other_role_var": "x",
+    }
+    found = specs_lookup.referenced(variables, ["cudnn_markers", "not_defined"])
+    assert sorted(found) == ["cudnn_markers", "cudnn_prefix", "cudnn_root", "cudnn_side_path", "cudnn_version"]
+    assert found["cudnn_markers"] is variables["cudnn_markers"]
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ hostvars[inventory_hostname].cudnn_version }}",
+        "{{ vars['cudnn_' ~ 'version'] }}",
+        "{{ query('ansible.builtin.vars', *query('ansible.builtin.varnames', '^cudnn_')) }}",
+        "{{ lookup('ansible.builtin.template', 'cudnn.conf.j2') }}",
+        "{% include 'cudnn.j2' %}",
+        "{% from 'macros.j2' import path %}{{ path() }}",
+    ],
+)
+def test_a_stage_that_reaches_variables_by_a_computed_name_is_templated_against_all(template):
+    variables = {"cudnn_markers": {"files": ["{{ cudnn_prefix }}"]}, "cudnn_prefix": template, "cudnn_version": "8"}
+    assert specs_lookup.referenced(variables, ["cudnn_markers"]) is None

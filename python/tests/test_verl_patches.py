@@ -532,3 +532,16 @@ def test_sandbox_host_converges_verifies_reverts_and_refuses_040(make_sandbox, r
     assert f"node1: verl '0.4.0' in {REMOTE_OLD} has no patch set (supported: 0.4.1, 0.5.0)" in messages(refused)
     assert _remote_digest(sandbox, "node1", REMOTE_OLD) == tree_digest(releases["0.4.0"])
     assert sandbox.exec("node1", "test -e /var/lib/p40fleet/verl_patches/applied.json").returncode == 1
+
+
+def test_every_patch_set_file_is_in_the_role_s_list_of_sets():
+    """vars/main/main.yml names the sets one by one; a file added to patchsets/ and not listed would be ignored."""
+    vars_dir = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main"
+    defined = {}
+    for path in sorted((vars_dir / "patchsets").glob("*.yml")):
+        (name, patch_set), *others = yaml.safe_load(path.read_text()).items()
+        assert others == [] and path.name == f"verl-{patch_set['verl_version']}.yml", path
+        defined[name] = patch_set["verl_version"]
+    listed = yaml.safe_load((vars_dir / "main.yml").read_text())["verl_patches_set_list"]
+    by_version = sorted(defined, key=lambda name: [int(part) for part in defined[name].split(".")])
+    assert re.findall(r"\bverl_patches_set_v\w+", listed) == by_version

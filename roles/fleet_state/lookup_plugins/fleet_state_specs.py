@@ -7,12 +7,21 @@ under ignore_inputs, left out) and a digest of the
 role's own files, so an inventory change or a new p40fleet release re-opens the stage.
 
     lookup('fleet_state_specs', 'cuda_toolkit', 'cudnn', roles_dir='/path/to/roles')
+
+Each stage is templated against only the variables its markers and inputs reference, directly or through
+other variables (the names in their {{ }} and {% %} blocks): in ansible-core 2.19 every nested render copies
+every variable in scope into a new context, and against the play's ~500 variables that was most of this
+lookup's time, on every host of every run. A stage whose templates can reach variables by a name computed at
+run time (vars, hostvars, the vars and varnames lookups, a template file, an include) is templated against
+all of them, and so is one whose subset fails to template. `every_variable=true` templates every stage
+against all of them: what the tests compare the subset's result with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 
 import yaml
 from ansible.errors import AnsibleError
@@ -29,7 +38,16 @@ options:
     description: The directory holding the roles.
     type: str
     required: true
+  every_variable:
+    description: Template every stage against all the play's variables, not the subset it references.
+    type: bool
+    default: false
 """
+
+JINJA_BLOCK = re.compile(r"{{.*?}}|{%.*?%}", re.DOTALL)
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names through which a template reaches variables it does not name.
+DYNAMIC = frozenset({"vars", "hostvars", "varnames", "template", "include", "import", "extends", "from"})
 
 
 def role_code_sha256(role_dir: str) -> str:
@@ -59,6 +77,37 @@ def declared_inputs(role_dir: str) -> list[str]:
     return sorted(name for name, option in options.items() if not (option or {}).get("no_log"))
 
 
+def strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from strings(key)
+            yield from strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from strings(item)
+
+
+def referenced(variables, names) -> dict | None:
+    """The variables `names` reference, transitively, by the names in their Jinja blocks; None where a
+    template can reach a variable it does not name."""
+    pending = [name for name in names if name in variables]
+    found = set()
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for text in strings(variables[name]):
+            for block in JINJA_BLOCK.findall(text):
+                words = set(NAME.findall(block))
+                if words & DYNAMIC:
+                    return None
+                pending.extend(word for word in words if word in variables and word not in found)
+    return {name: variables[name] for name in found}
+
+
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
@@ -72,10 +121,21 @@ class LookupModule(LookupBase):
             role_dir = os.path.join(roles_dir, stage)
             if not os.path.isdir(role_dir):
                 raise AnsibleError(f"fleet_state_specs: {stage} declares {markers} but {role_dir} is not a role")
-            templated_markers = self._templar.template(variables[markers])
-            ignored = set(templated_markers.pop("ignore_inputs", None) or [])
-            names = [name for name in declared_inputs(role_dir) if name in variables and name not in ignored]
-            inputs = dict(self._templar.template({name: variables[name] for name in names}))
-            inputs["role_code_sha256"] = role_code_sha256(role_dir)
-            specs[stage] = {**templated_markers, "inputs": inputs}
+            declared = [name for name in declared_inputs(role_dir) if name in variables]
+            subset = None if self.get_option("every_variable") else referenced(variables, [markers, *declared])
+            try:
+                spec = self._stage_spec(subset, markers, declared) if subset is not None else None
+            except AnsibleError:
+                spec = None  # a name the scan missed: the full set gives the same result, or the real error
+            if spec is None:
+                spec = self._stage_spec(variables, markers, declared)
+            spec["inputs"]["role_code_sha256"] = role_code_sha256(role_dir)
+            specs[stage] = spec
         return [specs]
+
+    def _stage_spec(self, variables, markers, declared):
+        templar = self._templar.copy_with_new_env(available_variables=variables)
+        templated_markers = templar.template(variables[markers])
+        ignored = set(templated_markers.pop("ignore_inputs", None) or [])
+        names = [name for name in declared if name not in ignored]
+        return {**templated_markers, "inputs": dict(templar.template({name: variables[name] for name in names}))}
