@@ -86,6 +86,7 @@ def test_the_state_probe_names_the_host_it_re_verifies(tmp_path):
         ({"state_dir": "/x", "mode": "record", "stage": "cudnn"}, "no markers given for stage cudnn"),
         ({"state_dir": "/x", "mode": "verified"}, "mode verified needs preflight_state"),
         ({"state_dir": "/x", "run_tags": "all"}, "run_tags must be a list, got 'all'"),
+        ({"state_dir": "/x", "packages": ["git", 1]}, "packages must be a list of strings, got ['git', 1]"),
     ],
 )
 def test_the_state_probe_refuses_bad_options(args, message):

@@ -62,7 +62,7 @@ options:
     type: path
   preflight_state:
     description: The preflight state this run found (what the stack is verified against); null when not known.
-    type: raw
+    type: dict
   host:
     description: The host's inventory name, for the re-verification warning.
     type: str
@@ -347,6 +347,9 @@ def options(arguments: dict) -> dict:
         params[name] = default if value is None else value
         if params[name] is not None and not isinstance(params[name], types):
             raise ValueError(f"{name} must be a {' or '.join(t.__name__ for t in types)}, got {value!r}")
+    for name in ("run_tags", "packages"):
+        if not all(isinstance(item, str) for item in params[name]):
+            raise ValueError(f"{name} must be a list of strings, got {params[name]!r}")
     if params["mode"] not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {params['mode']!r}")
     if not params["state_dir"]:

@@ -247,6 +247,9 @@ def probe(request):
     return report
 
 
+OPTION_NAMES = ("nvidia_smi", "paths", "present_paths", "state_file")
+
+
 def options(arguments):
     """The task's options, checked as the module's documentation says; a bad option is a ValueError."""
     unknown = sorted(key for key in arguments if not key.startswith("_ansible_") and key not in OPTION_NAMES)
@@ -268,9 +271,6 @@ def options(arguments):
         "state_file": expand(state_file),
         **{key: [expand(path) for path in value] for key, value in lists.items()},
     }
-
-
-OPTION_NAMES = ("nvidia_smi", "paths", "present_paths", "state_file")
 
 
 def main():
