@@ -189,6 +189,7 @@ def _record_line(record: fleet.HostRecord) -> str:
         ("verl", record.verl),
         ("patch set", record.patch_set),
         ("launch script", record.launch_script),
+        ("smoke run", (record.smoke or {}).get("summary")),
     ):
         if value:
             parts.append(f"{label} {value}")

@@ -23,6 +23,8 @@ FLEET_REPORT_SCHEMA = "p40fleet.fleet-report/v1"
 HOSTS_SCHEMA = "p40fleet.hosts/v1"
 PROBE_KEYS = ("preflight", "verified", "reverify", "stages")
 PREFLIGHT_FACT = "gpu_preflight_state_content"
+# What playbooks/smoke.yml publishes per host (roles/launch_script/filter_plugins/launch_script.py shapes it).
+SMOKE_FACT = "launch_script_smoke_verdict"
 STATUSES = ("converged", "ok", "drift", "failed", "unreachable", "unknown")
 
 
@@ -37,16 +39,26 @@ def probe_results(events: Iterable[dict]) -> dict[str, dict]:
     return found
 
 
-def preflight_results(events: Iterable[dict]) -> dict[str, dict]:
-    """Each host's preflight state as gpu_preflight published it in a run."""
+def _fact_results(events: Iterable[dict], fact: str) -> dict[str, dict]:
+    """Each host's last published value of the dict fact `fact` in a run."""
     found: dict[str, dict] = {}
     for event in events:
         data = event.get("event_data", {})
         facts = (data.get("res") or {}).get("ansible_facts") if isinstance(data.get("res"), dict) else None
-        content = facts.get(PREFLIGHT_FACT) if isinstance(facts, dict) else None
-        if event.get("event") == "runner_on_ok" and isinstance(content, dict) and data.get("host"):
-            found[data["host"]] = content
+        value = facts.get(fact) if isinstance(facts, dict) else None
+        if event.get("event") == "runner_on_ok" and isinstance(value, dict) and data.get("host"):
+            found[data["host"]] = value
     return found
+
+
+def preflight_results(events: Iterable[dict]) -> dict[str, dict]:
+    """Each host's preflight state as gpu_preflight published it in a run."""
+    return _fact_results(events, PREFLIGHT_FACT)
+
+
+def smoke_results(events: Iterable[dict]) -> dict[str, dict]:
+    """Each host's smoke verdict in a run of playbooks/smoke.yml."""
+    return _fact_results(events, SMOKE_FACT)
 
 
 def update_hosts(hosts_state: dict, run: dict, events: Iterable[dict], provisioning: bool = True) -> dict:
@@ -83,6 +95,8 @@ def update_hosts(hosts_state: dict, run: dict, events: Iterable[dict], provision
         host = hosts.setdefault(name, {})
         host["preflight"] = content
         host["preflight_at"] = at
+    for name, verdict in smoke_results(events).items():
+        hosts.setdefault(name, {})["smoke"] = verdict
     for name, probe in probe_results(events).items():
         host = hosts.setdefault(name, {})
         host["probe"] = probe
@@ -136,6 +150,8 @@ class HostRecord:
     launch_script: str | None = None
     drift: dict[str, list[str]] = field(default_factory=dict)
     verified_at: str | None = None
+    # The last smoke run's verdict (playbooks/smoke.yml): ok, steps, seconds per step, peaks, summary, at.
+    smoke: dict | None = None
     state_source: str | None = None
     state_at: str | None = None
     probe_error: str | None = None
@@ -236,6 +252,8 @@ def host_record(name: str, saved: dict) -> HostRecord:
     record.launch_script = summary["launch_script"]["path"]
     record.drift = {stage: list(spec["drift"]) for stage, spec in stages.items() if spec and spec.get("drift")}
     record.verified_at = (probe.get("verified") or {}).get("at")
+    smoke = saved.get("smoke")
+    record.smoke = dict(smoke) if isinstance(smoke, dict) else None
     error = saved.get("probe_error")
     if error:
         record.probe_error = f"{error.get('state')} at {error.get('at')}: {error.get('message', '')}".strip()

@@ -20,47 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from p40fleet.fleet import smoke_results
 from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+from tests.launch_render import parse_printed, preflight_profile, render
 
 ROLE = REPO_ROOT / "roles" / "launch_script"
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
 COMPOSE = ROLE / "files" / "launch_script_compose.py"
 VERSIONS = ("0.4.1", "0.5.0")
-PREFLIGHT = yaml.safe_load((REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml").read_text())
-
-
-def preflight_profile(gpu_name: str, compute_cap: str, memory_mib: int, count: int) -> dict:
-    """What gpu_preflight publishes for such a host: the profile of its compute capability, the memory tier."""
-    cap = tuple(int(x) for x in compute_cap.split("."))
-
-    def as_tuple(text):
-        return tuple(int(x) for x in text.split("."))
-
-    match = next(
-        p
-        for p in PREFLIGHT["gpu_preflight_profiles"]
-        if as_tuple(p["min_compute_cap"]) <= cap <= as_tuple(p["max_compute_cap"])
-    )
-    tier = max(
-        (t for t in PREFLIGHT["gpu_preflight_launch_tiers"] if t["min_memory_mib"] <= memory_mib),
-        key=lambda t: t["min_memory_mib"],
-    )
-    return {
-        "name": match["name"],
-        "compute_cap": compute_cap,
-        "gpu_name": gpu_name,
-        "gpu_count": count,
-        "cuda_visible_devices": ",".join(str(i) for i in range(count)),
-        "memory_mib": memory_mib,
-        "dtype": match["dtype"],
-        "attn_implementation": match["attn_implementation"],
-        "vllm_supported": match["vllm_supported"],
-        "rollout_name": "vllm" if match["vllm_supported"] else "hf",
-        "torch_compile": match["torch_compile"],
-        "launch": tier,
-    }
-
-
 HOSTS = {
     "p40": preflight_profile("Tesla P40", "6.1", 24576, 1),
     "p40x2": preflight_profile("Tesla P40", "6.1", 24576, 2),
@@ -98,58 +65,24 @@ def sdists(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, run_playbook) -> dict[str, dict]:
-    """Run the role once for every host of HOSTS; {host: {"script": path, "overrides": [...]}}."""
-    work = tmp_path_factory.mktemp("launch-script")
-    me = pwd.getpwuid(os.getuid()).pw_name
-    hosts = {}
-    for name, profile in HOSTS.items():
-        hosts[name] = {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
-            # The role's tasks become the env owner; here the owner is whoever runs the tests.
-            "ansible_become": False,
-            "conda_env_owner": me,
-            "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
-            "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
-            "cuda_toolkit_home": "/usr/local/cuda-11.8",
-            "cuda_toolkit_env_file": "/etc/p40fleet/cuda-11.8.sh",
-            "gpu_preflight_profile": profile,
-            "verl_version": "0.4.1",
-            "training_data_train_file": "/srv/data/gsm8k/train.parquet",
-            "training_data_test_file": "/srv/data/gsm8k/test.parquet",
-            "training_data_model_path": "/srv/models/Qwen2.5-0.5B-Instruct",
-            "launch_script_path": str(work / name / "train_gsm8k_ppo.sh"),
-            "launch_script_work_dir": str(work / name / "runs"),
-            # --dry-run needs verl in an env; the tests compose with the same helper below.
-            "launch_script_verify_dry_run": False,
-        }
-        (work / name).mkdir()
+def rendered(tmp_path_factory) -> dict[str, dict]:
+    """Run the role once for every host of HOSTS (twice: the second changes nothing);
+    {host: {"script": path, "printed": text, "overrides": [...]}}."""
+    hosts = {name: {"profile": profile} for name, profile in HOSTS.items()}
     hosts["p40x2"]["launch_script_extra_overrides"] = ["trainer.val_before_train=False"]
     hosts["p40x2"]["launch_script_host_overrides"] = ["trainer.total_epochs=2"]
-    inventory = work / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
-    first = run_playbook(PLAYBOOK, inventory, envvars=envvars)
-    assert first.rc == 0, first.stdout[-3000:]
-    second = run_playbook(PLAYBOOK, inventory, envvars=envvars)
-    assert second.rc == 0, second.stdout[-3000:]
-    assert all(second.stats[h]["changed"] == 0 for h in HOSTS), second.stats
-    out = {}
-    for name in HOSTS:
-        script = work / name / "train_gsm8k_ppo.sh"
-        printed = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=True).stdout
-        out[name] = {"script": script, "printed": printed, "overrides": parse_printed(printed)}
-    return out
-
-
-def parse_printed(printed: str) -> list[str]:
-    """The overrides --print shows, one per line, shell-quoted; read back with the shell itself."""
-    lines = printed.strip().splitlines()
-    assert lines[0].endswith("-m verl.trainer.main_ppo \\"), lines[0]
-    quoted = " ".join(line.strip().removesuffix("\\").strip() for line in lines[1:])
-    done = subprocess.run(["bash", "-c", f'printf "%s\\n" {quoted}'], capture_output=True, text=True, check=True)
-    return done.stdout.splitlines()
+    out, _ = render(hosts, tmp_path_factory.mktemp("launch-script"), idempotent=True)
+    result = {}
+    for name, item in out.items():
+        assert not item.refused, (name, item.refused)
+        shown = subprocess.run([str(item.script), "--print"], capture_output=True, text=True, check=True).stdout
+        result[name] = {
+            "script": item.script,
+            "printed": shown,
+            "overrides": item.overrides,
+            "smoke": item.smoke_overrides,
+        }
+    return result
 
 
 def as_dict(overrides: list[str]) -> dict[str, str]:
@@ -228,18 +161,30 @@ def test_dead_keys_of_the_seed_recipe_are_refused(verl_configs, version):
 def test_settings_follow_each_profile(rendered):
     p40, p40x2, v100, a100 = (as_dict(rendered[h]["overrides"]) for h in ("p40", "p40x2", "v100", "a100"))
     assert p40["trainer.n_gpus_per_node"] == "1" and p40x2["trainer.n_gpus_per_node"] == "2"
-    # One P40 cannot shard its FSDP state: it offloads parameters; two do not need to.
-    assert p40["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True"
+    # The hf rollout generates with the actor as it is: its parameters stay on the GPU (an offloaded actor stopped
+    # step 1 on a GPU). One P40 still offloads the critic's; two do not need to.
+    assert p40["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert p40["critic.model.fsdp_config.param_offload"] == "True"
     assert p40x2["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert p40x2["critic.model.fsdp_config.param_offload"] == "False"
     for pascal in (p40, p40x2):
         assert pascal["actor_rollout_ref.rollout.name"] == "hf"
-        assert pascal["actor_rollout_ref.rollout.dtype"] == "float32"
+        assert pascal["actor_rollout_ref.rollout.micro_batch_size"] == "64"
+        assert pascal["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "1"
+        # HFRollout reads neither: not rendered.
+        assert "actor_rollout_ref.rollout.dtype" not in pascal
+        assert "actor_rollout_ref.rollout.gpu_memory_utilization" not in pascal
         assert pascal["actor_rollout_ref.actor.use_torch_compile"] == "False"
         assert pascal["actor_rollout_ref.model.use_remove_padding"] == "False"
         assert pascal["critic.model.use_remove_padding"] == "False"
-        assert pascal["actor_rollout_ref.ref.fsdp_config.model_dtype"] == "fp32"
-    # Volta: fp16 rollout, but fp32 parameters (no loss scaler in verl 0.4.1/0.5.0).
+    for host in rendered:
+        keys = as_dict(rendered[host]["overrides"])
+        # No reference model without a KL term, no reward model: their keys would do nothing.
+        assert not [k for k in keys if k.startswith(("actor_rollout_ref.ref.", "reward_model."))], host
+    # Volta: fp16 rollout, but fp32 parameters (no loss scaler in verl 0.4.1/0.5.0); vLLM reads its own keys.
     assert v100["actor_rollout_ref.rollout.dtype"] == "float16"
+    assert v100["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.5"
+    assert "actor_rollout_ref.rollout.micro_batch_size" not in v100
     assert v100["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "fp32"
     assert v100["critic.model.fsdp_config.mixed_precision.param_dtype"] == "fp32"
     assert v100["actor_rollout_ref.rollout.name"] == "vllm"
@@ -249,6 +194,47 @@ def test_settings_follow_each_profile(rendered):
     assert p40["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "4"
     # Extra overrides from group and host come last, in that order.
     assert rendered["p40x2"]["overrides"][-2:] == ["trainer.val_before_train=False", "trainer.total_epochs=2"]
+
+
+def test_smoke_adds_a_tiny_batch_and_a_step_count_after_the_rendered_overrides(rendered):
+    for host, batch in (("p40", 8), ("p40x2", 16), ("a100", 16)):
+        plain, smoke = rendered[host]["overrides"], rendered[host]["smoke"]
+        assert smoke[: len(plain)] == plain
+        assert smoke[len(plain) :] == [
+            "trainer.val_before_train=False",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            f"data.train_batch_size={batch}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+            "trainer.total_training_steps=5",
+        ], host
+    script = rendered["p40"]["script"]
+    full = parse_printed(
+        subprocess.run([str(script), "--print", "--smoke", "2", "--full-batch"], capture_output=True, text=True).stdout
+    )
+    assert full[-1] == "trainer.total_training_steps=2" and "data.train_batch_size=8" not in full
+    for bad in (["--full-batch"], ["--smoke", "0"]):
+        done = subprocess.run([str(script), "--print", *bad], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr, bad
+
+
+def test_a_card_whose_tier_cannot_train_is_refused_at_render_time(tmp_path):
+    hosts = {
+        "p4": {"profile": preflight_profile("Tesla P4", "6.1", 7680, 1)},
+        "p100": {"profile": preflight_profile("Tesla P100-PCIE-16GB", "6.0", 16384, 1)},
+        "t4": {"profile": preflight_profile("Tesla T4", "7.5", 15360, 1)},
+        "p4-small-model": {
+            "profile": preflight_profile("Tesla P4", "6.1", 7680, 1),
+            "launch_script_allow_refused_tier": True,
+        },
+    }
+    out, result = render(hosts, tmp_path)
+    assert "p4: no launch script for 1x Tesla P4 (7680 MiB per GPU, float32)" in out["p4"].refused
+    assert "Adam states" in out["p4"].refused and not (tmp_path / "p4" / "train_gsm8k_ppo.sh").exists()
+    assert "docs/gpu-runs/p100-1x.json" in out["p100"].refused
+    # fp16 trains in the same tier (docs/gpu-runs/t4-1x-hf.json); the switch renders a refused card on purpose.
+    assert not out["t4"].refused and not out["p4-small-model"].refused
+    assert result.rc == 2
 
 
 def test_script_sets_the_gpus_and_the_side_cuda(rendered):
@@ -326,8 +312,9 @@ def test_scripts_differ_in_gpu_count_and_memory_between_one_and_two_p40s(converg
         printed[host] = as_dict(parse_printed(done.stdout))
     one, two = printed["node1"], printed["node2"]
     assert one["trainer.n_gpus_per_node"] == "1" and two["trainer.n_gpus_per_node"] == "2"
-    assert one["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True"
-    assert two["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert one["actor_rollout_ref.actor.fsdp_config.param_offload"] == "False"
+    assert one["critic.model.fsdp_config.param_offload"] == "True"
+    assert two["critic.model.fsdp_config.param_offload"] == "False"
     assert one["data.train_files"].endswith("/train.parquet")
     visible = fleet.exec("node2", f"grep '^export CUDA_VISIBLE_DEVICES=' ~{ENV_OWNER}/train_gsm8k_ppo.sh")
     assert visible.stdout.strip() == "export CUDA_VISIBLE_DEVICES=0,1"
@@ -346,6 +333,28 @@ def test_dry_run_composes_against_the_installed_verl_as_the_env_owner(converged)
     assert bad.returncode == 1 and "no_such_key" in bad.stderr
     root = fleet.exec("node1", f"~{ENV_OWNER}/train_gsm8k_ppo.sh --dry-run")
     assert root.returncode == 1 and "refusing to run as root" in root.stderr
+
+
+@pytest.mark.sandbox
+def test_smoke_fails_clearly_without_a_gpu_and_the_report_shows_it(converged, run_playbook):
+    """The sandbox's torch is a stand-in with no CUDA kernels: a smoke run there must fail, saying why."""
+    fleet = converged["fleet"]
+    done = fleet.exec("node1", f"~{ENV_OWNER}/train_gsm8k_ppo.sh --smoke 1", user=ENV_OWNER)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "smoke: FAIL steps 0/1" in done.stdout and "no CUDA GPU is usable here" in done.stdout
+    result = run_playbook("playbooks/smoke.yml", fleet.inventory_dir, extra_vars={"launch_script_smoke_steps": 1})
+    assert result.rc == 2
+    messages = {f.host: f.message for f in result.failures}
+    assert set(messages) == {"node1", "node2"}, messages
+    assert "node1: the smoke run of" in messages["node1"] and "(0 of 1 steps, exit 1)" in messages["node1"]
+    assert "no CUDA GPU is usable here" in messages["node1"]
+    kept = json.loads(fleet.exec("node1", "cat /var/lib/p40fleet/smoke.json").stdout)
+    assert kept["ok"] is False and kept["steps_wanted"] == 1 and kept["summary"].startswith("smoke: FAIL")
+    owner = fleet.exec("node1", "stat -c '%U %a' /var/lib/p40fleet/smoke.json").stdout.split()
+    assert owner == ["root", "644"]
+    # The run's events carry each host's verdict into the fleet report.
+    verdicts = smoke_results(result.events)
+    assert verdicts["node2"]["ok"] is False and verdicts["node2"]["steps_done"] == 0
 
 
 @pytest.mark.sandbox

@@ -111,6 +111,11 @@ PASCAL_LINES_041 = [
     ("verl/workers/fsdp_workers.py", 1251, "            reward_module.to(torch.float32)"),
     (
         "verl/workers/fsdp_workers.py",
+        671,
+        '        timing_generate.update(getattr(self.rollout_sharding_manager, "timing", {}))',
+    ),
+    (
+        "verl/workers/fsdp_workers.py",
         1300,
         "        with torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.float32, enabled=False):",
     ),
@@ -228,7 +233,7 @@ def test_apply_reapply_verify_and_revert_on_verl_041(ws, play, releases):
     assert_pascal_041(ws, releases["0.4.1"])
 
     record = ws.record()
-    assert record["identity"]["patch_set"] == "verl-0.4.1-r1"
+    assert record["identity"]["patch_set"] == "verl-0.4.1-r2"
     assert record["identity"]["verl_version"] == "0.4.1"
     assert record["identity"]["profile"]["name"] == "pascal"
     assert sorted(record["files"]) == sorted(COVERED)
@@ -518,7 +523,7 @@ def test_sandbox_host_converges_verifies_reverts_and_refuses_040(make_sandbox, r
     )
     assert compiled.returncode == 0, compiled.stderr
     record = json.loads(sandbox.exec("node1", "cat /var/lib/p40fleet/verl_patches/applied.json").stdout)
-    assert record["identity"]["patch_set"] == "verl-0.4.1-r1"
+    assert record["identity"]["patch_set"] == "verl-0.4.1-r2"
     assert record["identity"]["verl_version"] == "0.4.1"
 
     # Originals restorable: absent gives back the sdist byte for byte.

@@ -92,7 +92,7 @@ def test_a_moved_anchor_or_a_release_without_a_patch_set_fails_closed_on_the_hos
     edited = tree(fleet, VERL)
     moved = fleet.play(HOST, stages=("verl_patches",))
     assert messages(moved) == [
-        f"{HOST}: patch set verl-0.4.1-r1 does not fit the verl 0.4.1 files in {VERL} (current content); entries"
+        f"{HOST}: patch set verl-0.4.1-r2 does not fit the verl 0.4.1 files in {VERL} (current content); entries"
         f" that did not match: actor-autocast ({ACTOR}): anchor /{entry['anchor']}/ found 0x, expected 1x. Nothing"
         " was changed. Reinstall verl from the pinned release (the files were edited by hand) or fix the patch set."
     ]

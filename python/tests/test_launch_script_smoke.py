@@ -1,0 +1,148 @@
+"""The smoke summary (roles/launch_script/files/launch_script_smoke.py): a pass only when every step ran.
+
+Table tests on logs shaped like verl's console logger (one `step:N - key:value - ...` line per step, prefixed by
+Ray's worker tag), without containers or a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
+
+smoke = load_module(REPO_ROOT / "roles" / "launch_script" / "files" / "launch_script_smoke.py", "launch_script_smoke")
+
+
+def step_line(step: int, seconds: float = 10.0, reserved: float = 20.5) -> str:
+    return (
+        f"\x1b[36m(TaskRunner pid=42)\x1b[0m step:{step} - actor/pg_loss:0.001 - timing_s/step:{seconds:.3f}"
+        f" - perf/max_memory_allocated_gb:13.032 - perf/max_memory_reserved_gb:{reserved:.3f} - critic/vf_loss:0.080"
+    )
+
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.84 GiB."
+CASES = {
+    # name: (lines, steps wanted, rc, ok, why contains)
+    "all steps": ([step_line(1, 17.5), step_line(2, 10.0), step_line(3, 12.0)], 3, 0, True, ""),
+    "stops at step 1": ([step_line(1), "Traceback (most recent call last):", OOM], 3, 1, False, "after 1 of 3 steps"),
+    "no step at all": (
+        ["AttributeError: 'BaseShardingManager' object has no attribute 'timing'"],
+        2,
+        1,
+        False,
+        "after 0 of 2 steps: AttributeError",
+    ),
+    "exit 0 but a step missing": ([step_line(1), step_line(3)], 3, 0, False, "steps [2] printed no metrics line"),
+    "no cuda": (["RuntimeError: Found no NVIDIA driver on your system."], 2, 1, False, "no CUDA GPU is usable"),
+    "empty log": ([], 1, 1, False, "the trainer printed nothing"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_judge(name):
+    lines, wanted, rc, ok, why = CASES[name]
+    result = smoke.judge(lines, wanted, rc, {"0": 20000})
+    assert result["ok"] is ok
+    assert why in result["why"]
+    line = smoke.summary_line(result)
+    assert line.startswith("smoke: PASS" if ok else "smoke: FAIL")
+
+
+def test_figures_of_a_passing_run():
+    lines = [step_line(1, 17.5, 20.1), step_line(2, 10.0, 22.3), step_line(3, 12.0, 22.0)]
+    result = smoke.judge(lines, 3, 0, {"0": 21000, "1": 20500})
+    # The first step (workers warming up) is left out of the mean where later steps exist.
+    assert result["seconds_per_step"] == 11.0 and result["first_step_seconds"] == 17.5
+    assert result["torch_peak_reserved_gib"] == 22.3
+    assert result["last_metrics"]["step"] == 3 and result["last_metrics"]["critic/vf_loss"] == 0.08
+    assert "gpu0 21000 MiB, gpu1 20500 MiB" in smoke.summary_line(result)
+
+
+def test_main_writes_the_json_and_exits_by_the_verdict(tmp_path, capsys):
+    log = tmp_path / "smoke.log"
+    samples = tmp_path / "gpu.csv"
+    log.write_text("\n".join([step_line(1), step_line(2)]) + "\n")
+    samples.write_text("0, 100\n0, 20500\n1, 300\nnot, a sample\n")
+    out = tmp_path / "last.json"
+    assert (
+        smoke.main(["--log", str(log), "--steps", "2", "--rc", "0", "--gpu-samples", str(samples), "--json", str(out)])
+        == 0
+    )
+    assert json.loads(out.read_text())["gpu_peak_mib"] == {"0": 20500, "1": 300}
+    assert capsys.readouterr().out.startswith("smoke: PASS steps 2/2")
+    assert smoke.main(["--log", str(log), "--steps", "3", "--rc", "0"]) == 1
+    assert smoke.main(["--log", str(tmp_path / "missing.log"), "--steps", "1", "--rc", "0"]) == 1
+
+
+# --- The verdict playbooks/smoke.yml keeps (roles/launch_script/filter_plugins/launch_script.py) ----------------
+verdict = load_module(
+    REPO_ROOT / "roles" / "launch_script" / "filter_plugins" / "launch_script.py", "launch_script_filters"
+).launch_script_smoke_result
+
+
+def script_output(result: dict) -> str:
+    return f"Smoke run\n{smoke.summary_line(result)}\nsmoke-json: {json.dumps(result)}\n"
+
+
+PASSING = smoke.judge([step_line(1), step_line(2)], 2, 0, {"0": 20000})
+VERDICTS = {
+    # name: (stdout, rc, steps, ok, why contains)
+    "pass": (script_output(PASSING), 0, 2, True, ""),
+    "the script failed": (script_output(smoke.judge([step_line(1)], 2, 1, {})), 1, 2, False, "after 1 of 2"),
+    "fewer steps than asked": (script_output(PASSING), 0, 3, False, ""),
+    "exit 0 without a summary": ("Traceback\nsomething\n", 0, 2, False, "without a smoke summary"),
+    "killed by the timeout": ("", 124, 2, False, "exited 124"),
+    "forged json": (
+        'smoke: PASS\nsmoke-json: {"ok": "yes", "steps_done": "2", "gpu_peak_mib": {"0": true}}',
+        0,
+        2,
+        False,
+        "",
+    ),
+    "not json": ("smoke: PASS\nsmoke-json: {ok", 0, 2, False, ""),
+}
+
+
+@pytest.mark.parametrize("name", list(VERDICTS))
+def test_verdict(name):
+    stdout, rc, steps, ok, why = VERDICTS[name]
+    result = verdict(stdout, rc, steps, "2026-12-01T00:00:00+00:00")
+    assert result["ok"] is ok
+    assert why in result["why"]
+    if not ok:
+        assert result["why"], name
+    # Only typed fields survive: a value of the wrong type becomes None, strings are cut short.
+    assert all(isinstance(v, int) for v in result["gpu_peak_mib"].values())
+    assert isinstance(result["summary"], str) and len(result["summary"]) <= 400
+
+
+def test_a_passing_verdict_keeps_the_figures():
+    result = verdict(script_output(PASSING), 0, 2, "2026-12-01T00:00:00+00:00")
+    assert result["steps_done"] == 2 and result["seconds_per_step"] == 10.0
+    assert result["gpu_peak_mib"] == {"0": 20000} and result["summary"].startswith("smoke: PASS steps 2/2")
+
+
+def test_the_fleet_report_shows_each_host_s_smoke_verdict_escaped():
+    from p40fleet.fleet import fleet_report, host_records, update_hosts
+    from p40fleet.html_report import render_html
+
+    hostile = dict(verdict(script_output(PASSING), 0, 2, "<b>soon</b>"), summary="smoke: PASS <script>x</script>")
+    events = [
+        {
+            "event": "runner_on_ok",
+            "event_data": {"host": "node1", "res": {"ansible_facts": {"launch_script_smoke_verdict": hostile}}},
+        },
+        {"event": "runner_on_ok", "event_data": {"host": "node2", "res": {"ansible_facts": {"other": 1}}}},
+    ]
+    state = update_hosts({}, {"run_id": "r1", "hosts": {}}, events)
+    records = host_records(state)
+    by_host = {r.host: r for r in records}
+    assert by_host["node1"].smoke["ok"] is True and by_host["node1"].smoke["steps_done"] == 2
+    assert "node2" not in state["hosts"] or by_host["node2"].smoke is None
+    page = render_html(fleet_report(records, "inventory.yml"))
+    assert "smoke run <b>passed</b>" in page
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "<b>soon</b>" not in page

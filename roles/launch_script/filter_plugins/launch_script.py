@@ -1,0 +1,74 @@
+"""launch_script's decision on a smoke run's output (playbooks/smoke.yml), table-tested in test_launch_script_smoke.py.
+
+The output comes from a run as the env owner: it is data, read strictly. Only the typed fields below are kept,
+strings are cut short, and a run counts as passed only when the script exited 0 and its own summary says every
+step ran (the script's helper, files/launch_script_smoke.py, decides that from verl's log).
+"""
+
+import json
+
+KEPT = {
+    "ok": bool,
+    "steps_wanted": int,
+    "steps_done": int,
+    "rc": int,
+    "seconds_per_step": float,
+    "first_step_seconds": float,
+    "torch_peak_reserved_gib": float,
+    "torch_peak_allocated_gib": float,
+}
+TEXT_LIMIT = 400
+
+
+def _typed(value, kind):
+    if kind is bool:
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return kind(value)
+
+
+def launch_script_smoke_result(stdout, rc, steps, at=""):
+    """{ok, steps_wanted, steps_done, seconds_per_step, peaks..., summary, why, at} from the script's output."""
+    lines = (stdout or "").splitlines()
+    summary = next((ln for ln in reversed(lines) if ln.startswith("smoke: ")), "")
+    found = {}
+    for line in reversed(lines):
+        if line.startswith("smoke-json: "):
+            try:
+                found = json.loads(line[len("smoke-json: ") :])
+            except ValueError:
+                found = {}
+            break
+    if not isinstance(found, dict):
+        found = {}
+    result = {key: _typed(found.get(key), kind) for key, kind in KEPT.items()}
+    peaks = found.get("gpu_peak_mib") if isinstance(found.get("gpu_peak_mib"), dict) else {}
+    result["gpu_peak_mib"] = {
+        str(k)[:8]: int(v) for k, v in peaks.items() if isinstance(v, int) and not isinstance(v, bool)
+    }
+    why = found.get("why") if isinstance(found.get("why"), str) else ""
+    passed = (
+        int(rc) == 0
+        and result["ok"] is True
+        and result["steps_done"] == int(steps)
+        and result["steps_wanted"] == int(steps)
+    )
+    if not passed and not why:
+        why = f"the script exited {rc} without a smoke summary" if not summary else "the summary does not say PASS"
+    result.update(
+        {
+            "ok": passed,
+            "rc": int(rc),
+            "steps_wanted": int(steps),
+            "summary": summary[:TEXT_LIMIT] or (lines[-1][:TEXT_LIMIT] if lines else ""),
+            "why": why[:TEXT_LIMIT],
+            "at": str(at)[:40],
+        }
+    )
+    return result
+
+
+class FilterModule:
+    def filters(self):
+        return {"launch_script_smoke_result": launch_script_smoke_result}
