@@ -15,13 +15,14 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps venv fixtures lint pytest molecule \
-  test faults demo bench clean lock
+  test faults demo bench clean lock gpu-bundle gpu-check gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
 	@echo "make test   lint, molecule scenarios and pytest (what CI runs)"
 	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
 	@echo "make faults the fault suite, every case (issue 13), and the tests elsewhere it counts"
+	@echo "make gpu-check   run each profile's rendered launch script on this machine's CUDA GPU (python/tests/gpu/)"
 
 # An operator's controller: the tools and the Python venv, nothing of the sandbox.
 deps: controller-deps venv
@@ -94,6 +95,27 @@ clean:
 # make bench BENCH_ARGS=--quick. See python/tests/benchmarks/bench.py for what it measures.
 bench: sandbox-deps
 	$(BIN)/python python/tests/benchmarks/bench.py $(BENCH_ARGS)
+
+# The GPU check (python/tests/gpu/): each case's rendered launch script for real on a CUDA GPU, under the emulated
+# card's memory cap. gpu-bundle (needs PyPI once, then the cache) builds .gpu/ here: the rendered scripts, verl
+# patched by verl_patches, the shim, the converter and the lock's wheels for the GPU machine's Python.
+# gpu-check runs it where `python3` holds a CUDA torch (as root: it makes the unprivileged account the script
+# needs); a machine without network gets .gpu/ and python/tests/gpu/run_check.py carried to it. gpu-records writes
+# docs/gpu-runs/ from the results; test_gpu_records.py (in make test) holds the records to today's rendering.
+GPU_PYTHON_VERSION ?= 3.12
+GPU_CASES ?= p40-1x,p100-1x,t4-1x-hf
+GPU_OUT ?= .runs/gpu-check
+gpu-bundle: venv fixtures
+	cd python && $(BIN)/python -m tests.gpu.bundle --out $(CURDIR)/.gpu --python-version $(GPU_PYTHON_VERSION)
+
+gpu-check: gpu-bundle
+	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
+	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_OUT) \
+	  --cases $(GPU_CASES) --site $(CURDIR)/.gpu/site
+
+gpu-records: venv
+	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \
+	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES),p4-1x
 
 # verl's dependency locks, one per Python (the sandbox's env is Python 3.11). Needs PyPI: never run by tests.
 VERL_LOCK_VERSION := 0.4.1

@@ -1,0 +1,57 @@
+"""The GPU check's cases: which rendering of the launch script is run, under which memory cap.
+
+One case per memory tier and precision the launch script renders (issue 19): the 1x P40 (24 GB tier, fp32), the
+P100 (16 GB tier), the P4 (8 GB tier: refused at render time) and one fp16-capable card, the T4. The cap is the
+card's memory less its CUDA context, set per process with torch.cuda.set_per_process_memory_fraction on the GPU
+machine (tests/gpu/run_check.py): 23 GiB for a P40's 24,576 MiB, 15 for a P100's 16,384, 7 for a P4's 7,680 and
+14 for a T4's 15,360. fp32 profiles run with TF32 off (Pascal has none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tests.launch_render import preflight_profile
+
+
+@dataclass(frozen=True)
+class Case:
+    gpu_name: str
+    compute_cap: str
+    memory_mib: int
+    gpu_count: int
+    cap_gib: int
+    # launch_script variables a fleet would set for this rendering (nothing for the profiles as they come).
+    variables: dict = field(default_factory=dict)
+    why: str = ""
+    # What the check runs: smoke steps on the tiny batch, then steps at the rendered batch sizes.
+    smoke_steps: int = 20
+    full_steps: int = 2
+
+    @property
+    def profile(self) -> dict:
+        return preflight_profile(self.gpu_name, self.compute_cap, self.memory_mib, self.gpu_count)
+
+    def host(self) -> dict:
+        return {"profile": self.profile, **self.variables}
+
+
+CASES = {
+    "p40-1x": Case("Tesla P40", "6.1", 24576, 1, 23),
+    "p100-1x": Case("Tesla P100-PCIE-16GB", "6.0", 16384, 1, 15),
+    "p4-1x": Case("Tesla P4", "6.1", 7680, 1, 7),
+    # vLLM, the T4's default rollout, cannot be carried to the GPU machine (its cu118 wheel alone is several times
+    # the 64 MiB a call may carry): this runs the T4's rendering with the hf rollout, the one a fleet sets with
+    # launch_script_rollout_name=hf, and the record says so.
+    "t4-1x-hf": Case(
+        "Tesla T4",
+        "7.5",
+        15360,
+        1,
+        14,
+        variables={"launch_script_rollout_name": "hf"},
+        why="the T4's rendering with launch_script_rollout_name=hf (vLLM cannot be carried to the GPU machine)",
+    ),
+    # Issue 25 (two GPUs of one host): needs a machine with two GPUs.
+    "p40-2x": Case("Tesla P40", "6.1", 24576, 2, 23),
+}

@@ -1,0 +1,120 @@
+"""Write docs/gpu-runs/<case>.json from a GPU check's results (Makefile `gpu-records`).
+
+A record says what ran on which GPU and with what: the date, the GPU, torch, CUDA, the verl version, the patch set,
+the digest of the overrides the script passed to verl (tests/launch_render.py), the memory cap, and per run
+(`smoke`: the tiny batch, `full_batch`: the rendered batch sizes) the steps done, seconds per step, peak memory and
+the last metrics line. A case whose rendering is refused today is recorded as refused, with the reason and, where
+the GPU check ran its earlier rendering, that run as the evidence. test_gpu_records.py holds each record to
+today's rendering: a change of the overrides or the patch set comes with a new GPU run.
+
+usage: python -m tests.gpu.records --results RESULTS.json --manifest MANIFEST.json [--cases a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from p40fleet.paths import REPO_ROOT
+from tests.gpu.cases import CASES
+from tests.launch_render import overrides_digest, render
+
+RECORDS = REPO_ROOT / "docs" / "gpu-runs"
+
+
+def run_entry(run: dict) -> dict:
+    result = run.get("result") or {}
+    return {
+        "argv": run["argv"],
+        "rc": run["rc"],
+        "pass": bool(result.get("ok")) and run["rc"] == 0,
+        "steps_wanted": result.get("steps_wanted"),
+        "steps_done": result.get("steps_done"),
+        "seconds_per_step": result.get("seconds_per_step"),
+        "first_step_seconds": result.get("first_step_seconds"),
+        "wall_seconds": run["wall_seconds"],
+        "torch_peak_reserved_gib": result.get("torch_peak_reserved_gib"),
+        "torch_peak_allocated_gib": result.get("torch_peak_allocated_gib"),
+        "device_peak_mib": result.get("gpu_peak_mib"),
+        "summary": run["summary"],
+        "why": result.get("why", ""),
+        "last_metrics": result.get("last_metrics", {}),
+    }
+
+
+def record(name: str, today, results: dict, manifest: dict) -> dict:
+    ran = manifest["cases"][name]
+    runs = results["cases"].get(name, {})
+    machine = results["machine"]
+    entry = {
+        "case": name,
+        "gpu_emulated": f"{ran['gpu_count']}x {ran['gpu_name']} ({ran['memory_mib']} MiB)",
+        "profile": ran["profile"],
+        "dtype": ran["dtype"],
+        "variables": ran["variables"],
+        "note": ran["why"],
+        "overrides_digest": overrides_digest(today),
+        "verl_version": manifest["verl_version"],
+    }
+    gpu_run = (
+        {
+            "date": results["finished"],
+            "gpu": machine["gpu"],
+            "driver": machine["nvidia_smi"],
+            "torch": machine["torch"],
+            "cuda": machine["cuda"],
+            "python": machine["python"],
+            "patch_set": ran.get("patch_set", ""),
+            "overrides_digest": ran["overrides_digest"],
+            "memory_cap_gib": ran["cap_gib"],
+            "tf32": ran["dtype"] != "float32",
+            "model": results["model"],
+            "side_by_side_with": sorted(n for n in results["cases"] if n != name),
+            "runs": {label: run_entry(run) for label, run in runs.items() if isinstance(run, dict) and "rc" in run},
+        }
+        if runs and "refused" not in runs
+        else None
+    )
+    if today.refused:
+        entry.update({"status": "refused", "refused": today.refused, "patch_set": ""})
+        if gpu_run:
+            entry["gpu_evidence"] = gpu_run
+        return entry
+    if gpu_run is None:
+        raise SystemExit(f"gpu records: {name} renders a script but the results hold no run of it")
+    if gpu_run["overrides_digest"] != entry["overrides_digest"]:
+        raise SystemExit(f"gpu records: {name} ran another rendering than today's: run the GPU check again")
+    wanted = {"smoke": ran["smoke_steps"], "full_batch": ran["full_steps"]}
+    passed = all(
+        label in gpu_run["runs"] and gpu_run["runs"][label]["pass"] and gpu_run["runs"][label]["steps_done"] == steps
+        for label, steps in wanted.items()
+        if steps
+    )
+    entry.update({"status": "pass" if passed else "fail", "patch_set": gpu_run["patch_set"], **gpu_run})
+    return entry
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write docs/gpu-runs records")
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--manifest", type=Path, required=True)
+    parser.add_argument("--cases", default="")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text())
+    manifest = json.loads(args.manifest.read_text())
+    names = [c for c in args.cases.split(",") if c] or [n for n in results["cases"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        today, _ = render({n: CASES[n].host() for n in names}, Path(tmp))
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        entry = record(name, today[name], results, manifest)
+        (RECORDS / f"{name}.json").write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+        print(f"{name}: {entry['status']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

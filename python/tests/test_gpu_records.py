@@ -1,0 +1,81 @@
+"""The GPU runs on record (docs/gpu-runs/) are runs of today's launch script: each record's digest of the overrides
+equals today's rendering of its case, and its patch set is today's. A change to the overrides, the memory tiers or
+the patch set fails here until the GPU check is run again (Makefile `gpu-check`, `gpu-records`).
+
+No containers, no GPU: the launch_script role renders each case over a local connection (tests/launch_render.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from p40fleet.paths import REPO_ROOT
+from tests.gpu.cases import CASES
+from tests.launch_render import overrides_digest, render
+
+RECORDS = REPO_ROOT / "docs" / "gpu-runs"
+PATCHSETS = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main" / "patchsets"
+
+
+def patch_set_id(version: str) -> str:
+    (data,) = yaml.safe_load((PATCHSETS / f"verl-{version}.yml").read_text()).values()
+    return data["id"]
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))}
+
+
+@pytest.fixture(scope="module")
+def today(records, tmp_path_factory):
+    rendered, _ = render({name: CASES[name].host() for name in records}, tmp_path_factory.mktemp("gpu-records"))
+    return rendered
+
+
+def test_the_acceptance_cases_are_on_record(records):
+    """The 1x P40 passed; the 16 and 8 GB tiers and an fp16 card are recorded (pass, or refused with the reason)."""
+    assert records["p40-1x"]["status"] == "pass"
+    for name in ("p100-1x", "p4-1x", "t4-1x-hf"):
+        assert records[name]["status"] in ("pass", "refused"), name
+    assert records["t4-1x-hf"]["dtype"] == "float16"
+    assert set(records) <= set(CASES)
+
+
+def test_each_record_is_of_today_s_rendering(records, today):
+    for name, entry in records.items():
+        assert entry["overrides_digest"] == overrides_digest(today[name]), (
+            f"{name}: the launch script's overrides changed since docs/gpu-runs/{name}.json was recorded; run the GPU"
+            " check (make gpu-check on a CUDA machine) and write the record again (make gpu-records)"
+        )
+
+
+def test_passing_records_ran_every_step_with_today_s_patch_set(records):
+    for name, entry in records.items():
+        if entry["status"] != "pass":
+            continue
+        case = CASES[name]
+        assert entry["patch_set"] == patch_set_id(entry["verl_version"]), name
+        runs = entry["runs"]
+        assert runs["smoke"]["pass"] and runs["smoke"]["steps_done"] == case.smoke_steps, name
+        assert runs["full_batch"]["pass"] and runs["full_batch"]["steps_done"] == case.full_steps, name
+        # The cap held: the allocator's peak stayed under the emulated card's memory less its context.
+        for run in runs.values():
+            assert 0 < run["torch_peak_reserved_gib"] <= entry["memory_cap_gib"], (name, run)
+            assert run["seconds_per_step"] > 0
+        assert entry["tf32"] == (entry["dtype"] != "float32")
+
+
+def test_refused_records_carry_today_s_reason(records, today):
+    for name, entry in records.items():
+        if entry["status"] != "refused":
+            continue
+        assert today[name].refused == entry["refused"], name
+        assert today[name].script is None
+        evidence = entry.get("gpu_evidence")
+        if evidence:
+            # A refusal based on a run: the run it cites did not complete.
+            assert not all(run["pass"] for run in evidence["runs"].values()), name
