@@ -184,17 +184,17 @@ def _card(host: dict) -> str:
         parts.append(_versions(host))
         script = f"<code>{escape(host['launch_script'])}</code>" if host.get("launch_script") else _v(None)
         parts.append(f'<div class="launch"><h3>launch script</h3>{script}</div>')
+    elif known:
+        parts.append(
+            '<div class="note">The stack (CUDA, torch, verl, ...) has not been read from this host:'
+            " <code>p40fleet report --refresh</code> reads it.</div>"
+        )
     smoke = host.get("smoke")
     if isinstance(smoke, dict):
         verdict = "passed" if smoke.get("ok") is True else "failed"
         parts.append(
             f'<div class="smoke"><h3>smoke run <b>{verdict}</b> {escape(_when(str(smoke.get("at") or "")))}</h3>'
             f"<code>{escape(str(smoke.get('summary', '')))}</code></div>"
-        )
-    elif known:
-        parts.append(
-            '<div class="note">The stack (CUDA, torch, verl, ...) has not been read from this host:'
-            " <code>p40fleet report --refresh</code> reads it.</div>"
         )
     if known:
         notes = [f"read by {escape(host['state_source'])} {_when(host.get('state_at'))}"]

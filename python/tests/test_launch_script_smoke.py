@@ -146,3 +146,13 @@ def test_the_fleet_report_shows_each_host_s_smoke_verdict_escaped():
     assert "smoke run <b>passed</b>" in page
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert "<b>soon</b>" not in page
+
+
+def test_a_probed_host_with_a_smoke_verdict_shows_its_stack_not_the_unread_note():
+    from p40fleet.html_report import render_html
+
+    host = {"host": "node1", "status": "converged", "state_source": "fleet_state probe", "state_at": "", "smoke": {}}
+    page = render_html({"hosts": [dict(host, smoke={"ok": False, "summary": "smoke: FAIL"})], "totals": {}})
+    assert "smoke run <b>failed</b>" in page and "has not been read from this host" not in page
+    unread = render_html({"hosts": [dict(host, state_source="gpu_preflight")], "totals": {}})
+    assert "has not been read from this host" in unread
