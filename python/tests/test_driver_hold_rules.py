@@ -102,6 +102,7 @@ def test_the_installed_driver_packages_and_branch(packages, loaded, branch, pinn
         "schema": 1,
         "branch": branch,
         "pinned": pinned,
+        "held": hold,
         "held_by_role": hold,
         "blacklisted": [],
     }

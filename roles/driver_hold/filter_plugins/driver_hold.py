@@ -156,7 +156,7 @@ def driver_hold_plan(found: dict, settings: dict) -> dict:
         plan["notes"].append(
             "no NVIDIA driver package is installed through apt (a runfile driver, or none): nothing to pin"
         )
-        plan["record"] = {"schema": 1, "branch": "", "pinned": [], "held_by_role": [], "blacklisted": []}
+        plan["record"] = {"schema": 1, "branch": "", "pinned": [], "held": [], "held_by_role": [], "blacklisted": []}
         return plan
     branch = loaded_branch if loaded_branch in by_branch else max(by_branch, key=int)
     chosen = by_branch[branch]
@@ -184,6 +184,7 @@ def driver_hold_plan(found: dict, settings: dict) -> dict:
             "schema": 1,
             "branch": branch,
             "pinned": pinned,
+            "held": hold,
             "held_by_role": held_by_role,
             "blacklisted": blacklisted,
         },
