@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from p40fleet import fleet as fleet_module
 from p40fleet.paths import REPO_ROOT
 from p40fleet.sandbox import Sandbox, apt_suite
 
@@ -85,6 +86,13 @@ def test_the_hold_keeps_r580_through_upgrades_and_absent_restores_them(fleet, ru
     # apt itself reads the blacklist as unattended-upgrades will.
     config = sh(fleet, "apt-config dump Unattended-Upgrade::Package-Blacklist")
     assert 'Unattended-Upgrade::Package-Blacklist:: "^nvidia-driver$";' in config, config
+
+    # What `p40fleet report --refresh` reads (playbooks/state.yml) shows the hold.
+    state = run_playbook("playbooks/state.yml", fleet.inventory_dir)
+    assert state.rc == 0, failures(state)
+    (probe,) = [p for host, p in fleet_module.probe_results(state.events).items() if host == "node1"]
+    summary = fleet_module.stage_summary(probe["stages"])["driver_hold"]
+    assert summary == {"state": "R580 held", "pinned": record["pinned"], "held": ["cuda-drivers-580"]}
 
     sh(fleet, f"{APT} upgrade")
     assert versions(fleet) == {
