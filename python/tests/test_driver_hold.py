@@ -9,6 +9,7 @@ nothing; `driver_hold_state: absent` removes exactly what was added and the upgr
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -103,7 +104,12 @@ def test_the_hold_keeps_r580_through_upgrades_and_absent_restores_them(fleet, ru
     }
     sh(fleet, f"{APT} dist-upgrade")
     assert versions(fleet)["nvidia-driver"] == "580.105.08-1"
-    # Another branch is not installed even when asked for by version, nor is the open module.
+    # Another branch is not installed even when asked for by version, nor is the open module: apt gives those
+    # versions priority -1, and no candidate at all to the open module's packages.
+    policy = sh(fleet, "apt-cache policy nvidia-driver nvidia-kernel-open-dkms nvidia-driver-580-open")
+    assert re.search(r"^ +590\.44\.01-1 -1$", policy, re.MULTILINE), policy
+    assert re.search(r"^ \*\*\* 580\.105\.08-1 1000$", policy, re.MULTILINE), policy
+    assert policy.count("Candidate: (none)") == 2, policy
     for package in ("nvidia-driver=590.44.01-1", "nvidia-driver-580-open", "nvidia-kernel-open-dkms"):
         refused = fleet.exec("node1", f"{APT} -s install {package}")
         assert refused.returncode != 0, (package, refused.stdout)
