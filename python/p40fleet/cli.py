@@ -178,7 +178,10 @@ def _record_line(record: fleet.HostRecord) -> str:
     if record.gpu:
         parts.append(record.gpu)
     if record.driver:
-        parts.append(f"driver {record.driver}")
+        about = ", ".join(
+            v for v in (record.kernel_module and f"{record.kernel_module} module", record.driver_hold) if v
+        )
+        parts.append(f"driver {record.driver}" + (f" ({about})" if about else ""))
     if record.profile:
         parts.append(f"profile {record.profile}")
     for label, value in (

@@ -135,6 +135,12 @@ class HostRecord:
     gpu_count: int | None = None
     compute_cap: str | None = None
     driver: str | None = None
+    # The loaded module's flavor and version as preflight read it ("proprietary 580.95.05").
+    kernel_module: str | None = None
+    # driver_hold: "R580 held", "not held", or None where the stage was never read; what it pins and holds.
+    driver_hold: str | None = None
+    driver_pinned: list[str] = field(default_factory=list)
+    driver_on_hold: list[str] = field(default_factory=list)
     os: str | None = None
     profile: str | None = None
     profile_reasons: list[str] = field(default_factory=list)
@@ -206,7 +212,20 @@ def stage_summary(stages: dict) -> dict[str, dict]:
             "patch_set": identity.get("patch_set") or identity.get("id"),
         },
         "launch_script": {"path": _file(files.get("launch_script", {}), ".sh")},
+        "driver_hold": _driver_hold(stages, records.get("driver_hold", {}).get("record")),
     }
+
+
+def _driver_hold(stages: dict, record) -> dict:
+    """What driver_hold's record says: the branch held (or why none), the packages pinned and held."""
+    record = record if isinstance(record, dict) else {}
+    if record.get("branch"):
+        state = f"R{record['branch']} held"
+    elif record:
+        state = "not held: no driver package from apt"
+    else:
+        state = "not held" if "driver_hold" in stages else None
+    return {"state": state, "pinned": list(record.get("pinned") or []), "held": list(record.get("held") or [])}
 
 
 def _gpu_text(preflight: dict) -> tuple[str | None, int | None]:
@@ -250,6 +269,9 @@ def host_record(name: str, saved: dict) -> HostRecord:
     record.verl, record.verl_head = summary["verl"]["version"], summary["verl"]["head"]
     record.patch_set, record.patch_state = summary["verl_patches"]["patch_set"], summary["verl_patches"]["state"]
     record.launch_script = summary["launch_script"]["path"]
+    record.kernel_module = preflight.get("kernel_module") or None
+    hold = summary["driver_hold"]
+    record.driver_hold, record.driver_pinned, record.driver_on_hold = hold["state"], hold["pinned"], hold["held"]
     record.drift = {stage: list(spec["drift"]) for stage, spec in stages.items() if spec and spec.get("drift")}
     record.verified_at = (probe.get("verified") or {}).get("at")
     smoke = saved.get("smoke")

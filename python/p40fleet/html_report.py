@@ -158,6 +158,10 @@ def _card(host: dict) -> str:
         facts = []
         if host.get("driver"):
             facts.append(f"driver {escape(host['driver'])}")
+        if host.get("kernel_module"):
+            facts.append(f"{escape(host['kernel_module'])} module")
+        if host.get("driver_hold"):
+            facts.append(escape(host["driver_hold"]))
         if host.get("compute_cap"):
             facts.append(f"compute capability {escape(host['compute_cap'])}")
         if host.get("os"):
@@ -184,6 +188,12 @@ def _card(host: dict) -> str:
         parts.append(_versions(host))
         script = f"<code>{escape(host['launch_script'])}</code>" if host.get("launch_script") else _v(None)
         parts.append(f'<div class="launch"><h3>launch script</h3>{script}</div>')
+        if host.get("driver_pinned"):
+            held = f"; on hold: {', '.join(host['driver_on_hold'])}" if host.get("driver_on_hold") else ""
+            parts.append(
+                f'<div class="launch"><h3>driver hold</h3>{escape(host.get("driver_hold") or "")}: pinned '
+                f"{escape(', '.join(host['driver_pinned']) + held)}</div>"
+            )
     elif known:
         parts.append(
             '<div class="note">The stack (CUDA, torch, verl, ...) has not been read from this host:'

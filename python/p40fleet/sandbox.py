@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -51,6 +52,9 @@ APT_PORT = 8081
 APT_HOSTNAME = "p40fleet-apt"
 APT_KEYRING = "/etc/apt/keyrings/p40fleet-sandbox.gpg"
 APT_DIR = CACHE_DIR / "apt"
+# Extra suites (stand-in packages a test opts into, apt_suite()), served by the mirror on a port of their own.
+APT_SUITES_DIR = APT_DIR / "suites"
+APT_SUITES_PORT = 8082
 GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
 NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
 
@@ -214,6 +218,12 @@ def _build_apt_repo(rootfs: Path, packages: list[str], repo: Path, fingerprint: 
     staging.mkdir(parents=True)
     for deb in archives.glob("*.deb"):
         shutil.move(deb, staging / deb.name)
+    _index_and_sign(staging, fingerprint)
+    staging.rename(repo)
+
+
+def _index_and_sign(staging: Path, fingerprint: str) -> None:
+    """Index the .deb files of a flat repository directory and sign its Release with the sandbox key."""
     if shutil.which("apt-ftparchive") is None:
         raise SandboxError("apt-ftparchive is not installed: run `make sandbox-deps` (package apt-utils)")
     packages_index = subprocess.run(
@@ -231,7 +241,6 @@ def _build_apt_repo(rootfs: Path, packages: list[str], repo: Path, fingerprint: 
         (staging / "InRelease").write_bytes(_gpg("--local-user", fingerprint, "--clearsign", input_bytes=release))
     finally:
         _stop_gpg_agent()
-    staging.rename(repo)
 
 
 def _point_apt_at_the_sandbox_repo(rootfs: Path, public_key: bytes) -> None:
@@ -255,6 +264,33 @@ def _point_apt_at_the_sandbox_repo(rootfs: Path, public_key: bytes) -> None:
 
 def apt_repo_dir(os_name: str = DEFAULT_OS) -> Path:
     return APT_DIR / f"{os_name}-{image_recipe_hash(os_name)}"
+
+
+def apt_suite(builder: Path) -> str:
+    """An extra apt suite built by a stand-in builder (a module with SUITE and build(out_dir) writing .deb
+    files), signed with the sandbox key and cached by a hash of the builder: its directory name under
+    APT_SUITES_DIR, which the mirror serves on APT_SUITES_PORT. No host sees it until a test enables it on that
+    host (Sandbox.enable_apt_suite): the image's repository and every other test stay as they were."""
+    fingerprint, _ = signing_key()
+    module = _load_builder(builder)
+    name = f"{module.SUITE}-{hashlib.sha256(builder.read_bytes() + fingerprint.encode()).hexdigest()[:16]}"
+    suite = APT_SUITES_DIR / name
+    with _locked("apt-suites"):
+        if not (suite / "InRelease").exists():
+            staging = APT_SUITES_DIR / f".{name}.building"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            module.build(staging)
+            _index_and_sign(staging, fingerprint)
+            staging.rename(suite)
+    return name
+
+
+def _load_builder(path: Path):
+    spec = importlib.util.spec_from_file_location(f"p40fleet_apt_suite_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def ensure_image(os_name: str = DEFAULT_OS) -> str:
@@ -483,10 +519,12 @@ class Sandbox:
             handle.write(secrets.token_urlsafe(24) + "\n")
 
     def _start_mirror(self, image: str, mirror_dir: Path, apt_repo: Path) -> None:
-        # Two servers in one container: the apt repository the hosts use, and the stand-in artifacts as static
-        # files plus the Hub's routes for huggingface_hub.
+        # Servers in one container: the apt repository the hosts use, the extra suites a test may enable, and the
+        # stand-in artifacts as static files plus the Hub's routes for huggingface_hub.
+        APT_SUITES_DIR.mkdir(parents=True, exist_ok=True)
         serve = (
             f"python3 -m http.server {APT_PORT} --directory /srv/apt >/dev/null 2>&1 & "
+            f"python3 -m http.server {APT_SUITES_PORT} --directory /srv/apt-suites >/dev/null 2>&1 & "
             f"exec python3 /srv/hub_server.py --port {MIRROR_PORT} --directory /srv/mirror"
         )
         podman(
@@ -501,6 +539,8 @@ class Sandbox:
             f"{mirror_dir}:/srv/mirror:ro",
             "-v",
             f"{apt_repo}:/srv/apt:ro",
+            "-v",
+            f"{APT_SUITES_DIR}:/srv/apt-suites:ro",
             "-v",
             f"{standins_dir() / 'hub_server.py'}:/srv/hub_server.py:ro",
             image,
@@ -662,6 +702,17 @@ class Sandbox:
             result.stdout.decode(errors="replace"),
             result.stderr.decode(errors="replace"),
         )
+
+    def enable_apt_suite(self, host: str, suite: str) -> None:
+        """Add an extra suite (apt_suite()'s name) to a host's apt sources, signed by the key it already trusts,
+        and refresh its lists: as an operator adds NVIDIA's repository."""
+        line = f"deb [signed-by={APT_KEYRING}] http://{APT_HOSTNAME}:{APT_SUITES_PORT}/{suite}/ ./\n"
+        container = self.host(host).container
+        path = f"/etc/apt/sources.list.d/p40fleet-{suite.rsplit('-', 1)[0]}.list"
+        podman("exec", "-i", container, "sh", "-c", f"cat > {path}", input_bytes=line.encode())
+        update = podman("exec", container, "apt-get", "-q", "update", check=False)
+        if update.returncode != 0:
+            raise SandboxError(f"{host}: apt-get update with suite {suite} failed: {update.stdout.decode()}")
 
     def set_profile(self, host: str, profile: str) -> None:
         """Give a host another simulated GPU setup, as a driver upgrade or a card swap would."""

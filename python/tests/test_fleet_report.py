@@ -44,6 +44,7 @@ def preflight(gpus: list[str], driver: str, reasons=REASONS) -> dict:
     return {
         "schema": 1,
         "driver_version": driver,
+        "kernel_module": f"proprietary {driver}" if gpus else "",
         "has_gpu": bool(gpus),
         "gpus": gpus,
         "os": "debian 12",
@@ -65,6 +66,20 @@ def stages(drift: dict | None = None) -> dict:
     """Findings shaped as roles/fleet_state/library/fleet_state_probe.py returns them."""
     drift = drift or {}
     found = {
+        # driver_hold's record (roles/driver_hold/filter_plugins/driver_hold.py writes it).
+        "driver_hold": {
+            "files": {},
+            "json": {
+                "record": {
+                    "schema": 1,
+                    "branch": "550",
+                    "pinned": ["cuda-drivers-550", "libnvidia-compute", "nvidia-driver", "nvidia-kernel-dkms"],
+                    "held": ["cuda-drivers-550"],
+                    "held_by_role": ["cuda-drivers-550"],
+                    "blacklisted": [],
+                }
+            },
+        },
         "host_prereqs": {"files": {}, "json": {}, "text": {}},
         "cuda_toolkit": {
             "files": {"/usr/local/cuda-11.8/version.json": FILE, "/usr/local/cuda": None},
@@ -242,6 +257,12 @@ def test_each_host_gets_a_typed_record_from_the_run():
     )
     assert (node1.patch_set, node1.patch_state) == ("verl-0.4.1", "patched")
     assert node1.launch_script == "/home/p40fleet/train_gsm8k_ppo.sh"
+    assert (node1.kernel_module, node1.driver_hold, node1.driver_on_hold) == (
+        "proprietary 550.127.05",
+        "R550 held",
+        ["cuda-drivers-550"],
+    )
+    assert node1.driver_pinned == ["cuda-drivers-550", "libnvidia-compute", "nvidia-driver", "nvidia-kernel-dkms"]
     assert (node1.verified_at, node1.state_source) == ("2026-11-30T10:02:11Z", "fleet_state probe")
     assert node1.last_run.state == "ok" and node1.last_run.stats["ok"] == 92 and node1.first_failure is None
     assert records["node2"].drift == {"verl_patches": ["verl/utils/torch_dtypes.py differs from patch set verl-0.4.1"]}
@@ -360,13 +381,22 @@ def test_json_and_html_report_from_a_state_directory(tmp_path, capsys):
         assert html_report.escape(reason) in page
     for text in ("2.6.0+cu118", "8.9.7", "verl-0.4.1", "/home/p40fleet/train_gsm8k_ppo.sh", "drift"):
         assert text in page
+    assert "driver 550.127.05 · proprietary 550.127.05 module · R550 held" in page
+    assert (
+        "<h3>driver hold</h3>R550 held: pinned cuda-drivers-550, libnvidia-compute, nvidia-driver, "
+        "nvidia-kernel-dkms; on hold: cuda-drivers-550</div>"
+    ) in page
     # Hosts that need attention come first.
     order = [page.index(f'id="host-{h}"') for h in ("node3", "node4", "node2", "node6", "node5", "node1")]
     assert order == sorted(order)
 
     printed = capsys.readouterr().err
     assert "node3: first failure: Ensure a host that fails preflight" in printed
-    assert re.search(r"node1: converged · 2x Tesla P40 · driver 550.127.05 · profile pascal · CUDA 11.8", printed)
+    assert re.search(
+        r"node1: converged · 2x Tesla P40 · driver 550.127.05 \(proprietary 550.127.05 module, R550 held\) · "
+        r"profile pascal · CUDA 11.8",
+        printed,
+    )
 
     if CHROMIUM is None:
         pytest.skip("chromium is not installed: run `make test-deps`")

@@ -226,7 +226,7 @@ def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
     import yaml
 
     stages = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["fleet_state_stages"]
-    assert stages[0] == "host_prereqs" and stages[-1] == "launch_script"
+    assert stages[0] == "driver_hold" and stages[-1] == "launch_script"
     for stage in stages:
         role = REPO_ROOT / "roles" / stage
         # vars/main.yml, or vars/main/ (a directory of them: verl_patches keeps its patch sets there)

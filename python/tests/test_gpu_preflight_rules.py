@@ -69,6 +69,39 @@ def test_no_kernel_module_reads_as_nothing():
     assert PROBE.kernel_module("") == {"version": "", "flavor": ""}
 
 
+# `modinfo -F license nvidia` of either flavor (FACTS.md: "license: NVIDIA" and "Dual MIT/GPL").
+MODINFO_PROPRIETARY = "NVIDIA\n"
+MODINFO_OPEN = "Dual MIT/GPL\n"
+
+
+def test_modinfo_licenses_name_the_flavor():
+    assert PROBE.module_license(MODINFO_PROPRIETARY) == "proprietary"
+    assert PROBE.module_license(MODINFO_OPEN) == "open"
+    assert PROBE.module_license("") == "" and PROBE.module_license("GPL\n") == ""
+
+
+def test_installed_kernels_and_their_nvidia_modules_are_read_from_the_trees(tmp_path):
+    boot, modules, dkms = tmp_path / "boot", tmp_path / "modules", tmp_path / "dkms"
+    for release in ("6.1.0-26-amd64", "6.1.0-28-amd64", "6.8.0-85-generic"):
+        (boot / f"vmlinuz-{release}").parent.mkdir(parents=True, exist_ok=True)
+        (boot / f"vmlinuz-{release}").write_text("")
+        (modules / release / "kernel").mkdir(parents=True)
+    # A DKMS install (Debian names it nvidia-current), a prebuilt Ubuntu module, and a kernel without either.
+    (modules / "6.1.0-26-amd64" / "updates" / "dkms").mkdir(parents=True)
+    (modules / "6.1.0-26-amd64" / "updates" / "dkms" / "nvidia-current.ko.xz").write_text("")
+    (modules / "6.8.0-85-generic" / "kernel" / "nvidia-580").mkdir(parents=True)
+    (modules / "6.8.0-85-generic" / "kernel" / "nvidia-580" / "nvidia.ko").write_text("")
+    found = PROBE.kernel_modules(str(boot), str(modules), str(dkms))
+    assert [(k["release"], bool(k["nvidia_module"])) for k in found] == [
+        ("6.1.0-26-amd64", True),
+        ("6.1.0-28-amd64", False),
+        ("6.8.0-85-generic", True),
+    ]
+    # A DKMS build for the new kernel (built, not yet installed into its tree) counts.
+    (dkms / "nvidia-current" / "580.95.05" / "6.1.0-28-amd64").mkdir(parents=True)
+    assert all(k["nvidia_module"] for k in PROBE.kernel_modules(str(boot), str(modules), str(dkms)))
+
+
 def test_recorded_os_release_and_gpu_query_are_read():
     os_release = PROBE.parse_os_release(H200_OS_RELEASE)
     assert (os_release["id"], os_release["version_id"], os_release["id_like"]) == ("ubuntu", "24.04", ["debian"])
@@ -137,6 +170,7 @@ def report(
     smi_output=None,
     pci_devices=None,
     present=None,
+    modinfo=None,
 ):
     rows = [
         {**gpu, "index": index, "driver_version": driver, "pci_bus_id": f"00000000:0{index}:00.0"}
@@ -158,9 +192,18 @@ def report(
         },
         "nvidia_pci_devices": len(gpus) if pci_devices is None else pci_devices,
         "kernel_module_version": PROBE.kernel_module(nvrm)["version"],
-        "kernel_module": PROBE.kernel_module(nvrm),
+        "kernel_module": module_found(nvrm, modinfo),
         "state": {"exists": False, "content": None, "error": ""},
     }
+
+
+def module_found(nvrm: str, modinfo: str | None) -> dict:
+    """The probe's kernel_module entry: the /proc line's reading, or (no module loaded) modinfo's license."""
+    found = PROBE.kernel_module(nvrm)
+    if found["flavor"] or modinfo is None:
+        return found
+    flavor = PROBE.module_license(modinfo)
+    return {**found, "flavor": flavor, "license": modinfo.strip(), "source": "modinfo nvidia" if flavor else ""}
 
 
 def h200_report():
@@ -206,8 +249,59 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
                 "found NVIDIA's open kernel module 535.183.01 (/proc/driver/nvidia/version names the \"Open Kernel "
                 'Module") with Tesla P40 (compute capability 6.1); required: the proprietary NVIDIA kernel module, '
                 "as the open one supports Turing (compute capability 7.5) and newer only;",
-                "do: install the proprietary kernel module of the same driver branch (not its -open variant), "
-                "reboot, re-run",
+                "do: install the proprietary kernel module of the same driver branch, nvidia-kernel-dkms in place "
+                "of nvidia-kernel-open-dkms (apt-get install nvidia-kernel-dkms), reboot, re-run",
+            ],
+        ),
+    ),
+    # On Ubuntu the fix names Ubuntu's proprietary package of the same branch.
+    "p40_open_module_ubuntu": (
+        report(
+            os_release=os_release("Ubuntu 24.04.3 LTS", "ubuntu", "24.04"),
+            nvrm=H200_NVRM.replace("580.159.04", "580.95.05"),
+            driver="580.95.05",
+        ),
+        {},
+        (
+            "refused",
+            [
+                "do: install the proprietary kernel module of the same driver branch, nvidia-driver-580 (or "
+                "nvidia-driver-580-server) in place of its -open variant (apt-get install nvidia-driver-580), reboot",
+            ],
+        ),
+    ),
+    # No /proc line to read (a container, a restricted /proc): modinfo's license says which module it is.
+    "p40_open_module_by_modinfo": (
+        report(nvrm="", modinfo=MODINFO_OPEN),
+        {},
+        (
+            "refused",
+            [
+                'found NVIDIA\'s open kernel module (modinfo nvidia names its license "Dual MIT/GPL") with Tesla '
+                "P40 (compute capability 6.1); required: the proprietary NVIDIA kernel module",
+                "apt-get install nvidia-kernel-dkms",
+            ],
+        ),
+    ),
+    "p40_proprietary_by_modinfo": (report(nvrm="", modinfo=MODINFO_PROPRIETARY), {}, ("accepted", "pascal")),
+    # The module is not loaded and the installed one is open: loading it would not help a Pascal GPU.
+    "pascal_open_module_not_loaded": (
+        report(
+            gpus=(),
+            nvrm="",
+            modinfo=MODINFO_OPEN,
+            smi_rc=9,
+            smi_output="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+            "that the latest NVIDIA driver is installed and running.",
+            pci_devices=1,
+        ),
+        {},
+        (
+            "refused",
+            [
+                "the NVIDIA kernel module is not loaded;",
+                'the installed module is NVIDIA\'s open one (modinfo nvidia names its license "Dual MIT/GPL"), '
+                "which drives Turing and newer only; for an older GPU install the proprietary kernel module",
             ],
         ),
     ),
@@ -505,6 +599,7 @@ def sandbox_report(profile_name: str) -> dict:
 # Every sandbox GPU profile, as the fixtures describe it, with its verdict.
 SANDBOX_PROFILES = {
     "p40": ("accepted", "pascal"),
+    "p40-r580": ("accepted", "pascal"),
     "p40-old-smi": ("accepted", "pascal"),
     "p40-upgraded": ("accepted", "pascal"),
     "p40-upgraded-unloaded": (
@@ -673,3 +768,25 @@ def test_a_driver_change_since_the_saved_state_is_reported():
         True,
         "535.183.01",
     )
+
+
+def test_an_installed_kernel_without_an_nvidia_module_is_named_in_a_warning():
+    found = sandbox_report("p40")
+    found["kernels"] = [
+        {"release": "6.1.0-26-amd64", "running": True, "nvidia_module": "/lib/modules/6.1.0-26-amd64/updates/dkms/x"},
+        {"release": "6.1.0-28-amd64", "running": False, "nvidia_module": ""},
+    ]
+    result = ASSESS(found, settings("host", {}))
+    assert result["errors"] == []
+    kernel = [w for w in result["warnings"] if "kernel 6.1" in w]
+    assert kernel == [
+        "installed kernel 6.1.0-28-amd64 has no NVIDIA kernel module built for it (no nvidia*.ko under "
+        "/lib/modules/6.1.0-28-amd64, no DKMS build): the next boot into it would come up without a GPU; do: install "
+        "linux-headers-6.1.0-28-amd64 and run `dkms autoinstall -k 6.1.0-28-amd64` (on Ubuntu the prebuilt "
+        "linux-modules-nvidia-<branch>-6.1.0-28-amd64 also does), or remove that kernel"
+    ]
+    # A host without any NVIDIA driver (a CPU-only build host) needs no module for its kernels.
+    cpu_only = sandbox_report("nogpu")
+    cpu_only["kernels"] = found["kernels"][1:]
+    result = ASSESS(cpu_only, settings("host", {"gpu_preflight_no_gpu_compute_cap": "6.1"}))
+    assert result["errors"] == [] and not [w for w in result["warnings"] if "kernel" in w]

@@ -9,9 +9,38 @@ Every message names what was found, what is required and what to do.
 import re
 
 STRICT_HINT = "or set gpu_preflight_strict: false to proceed with a warning"
-OPEN_MODULE_FIX = (
-    "install the proprietary kernel module of the same driver branch (not its -open variant), reboot, re-run"
-)
+
+
+def open_module_fix(os_id: str, branch: str) -> str:
+    """What to install in place of the open module: the proprietary package of the same branch, as the host's
+    archive names it (Ubuntu: nvidia-driver-<branch>; Debian and NVIDIA's repository: nvidia-kernel-dkms)."""
+    if os_id == "ubuntu":
+        package = f"nvidia-driver-{branch or '<branch>'}"
+        what = f"{package} (or {package}-server) in place of its -open variant"
+    else:
+        package = "nvidia-kernel-dkms"
+        what = f"{package} in place of nvidia-kernel-open-dkms"
+    return (
+        f"install the proprietary kernel module of the same driver branch, {what} (apt-get install {package}), "
+        "reboot, re-run"
+    )
+
+
+def kernel_warnings(kernels: list, has_driver: bool) -> list:
+    """An installed kernel with no NVIDIA module built for it boots without a GPU: named, where the host has a
+    driver at all (a GPU-less host's kernels need none)."""
+    if not has_driver:
+        return []
+    return [
+        f"installed kernel {k['release']} has no NVIDIA kernel module built for it (no nvidia*.ko under "
+        f"/lib/modules/{k['release']}, no DKMS build): the next boot into it would come up without a GPU; do: "
+        f"install linux-headers-{k['release']} and run `dkms autoinstall -k {k['release']}` (on Ubuntu the "
+        f"prebuilt linux-modules-nvidia-<branch>-{k['release']} also does), or remove that kernel"
+        for k in kernels
+        if not k.get("nvidia_module")
+    ]
+
+
 CAP_PATTERN = re.compile(r"^[0-9]+[.][0-9]+$")
 GIB = 1073741824
 
@@ -102,6 +131,14 @@ class Host:
         self.launch_tier = max(tiers, key=lambda t: t["min_memory_mib"]) if tiers else {}
         self.module = found.get("kernel_module") or {"version": "", "flavor": ""}
         self.open_module = self.module.get("flavor") == "open"
+        # Where the flavor was read: the loaded module's line, or `modinfo nvidia` (installed, not loaded).
+        self.module_seen = (
+            f'modinfo nvidia names its license "{self.module.get("license", "")}"'
+            if self.module.get("source") == "modinfo nvidia"
+            else '/proc/driver/nvidia/version names the "Open Kernel Module"'
+        )
+        self.open_name = " ".join(part for part in ("NVIDIA's open kernel module", self.module.get("version")) if part)
+        self.module_state = "is installed" if self.module.get("source") == "modinfo nvidia" else "is loaded"
         self.pci_devices = int(found["nvidia_pci_devices"])
         self.gpu_name = self.gpus[0]["name"] if self.gpus else ""
 
@@ -130,6 +167,8 @@ class Host:
             f" (loaded kernel module {found['kernel_module_version']})" if found.get("kernel_module_version") else ""
         )
         open_unbound = self.open_module and self.pci_devices > 0
+        module_branch = (self.module.get("version") or self.driver_version).split(".")[0]
+        open_fix = open_module_fix(os_found["id"], module_branch)
         no_gpu_cap = str(s["no_gpu_compute_cap"])
         branch_range = f" and <= R{max_branch} for {self.gpu_name or 'this GPU'}" if max_branch > 0 else ""
         upgrade_to = f"to a release of branch {min_branch} to {max_branch} " if max_branch > 0 else ""
@@ -164,8 +203,13 @@ class Host:
                 True,
                 self.smi_state == "driver_not_loaded",
                 f'nvidia-smi answers "{smi_output}": the NVIDIA kernel module is not loaded; required: a loaded '
-                f"NVIDIA driver >= {min_driver}; do: load it (modprobe nvidia) or reboot, check dmesg for why it "
-                "failed, then re-run",
+                f"NVIDIA driver >= {min_driver}; do: "
+                + (
+                    f"the installed module is NVIDIA's open one ({self.module_seen}), which drives Turing and newer "
+                    f"only; for an older GPU {open_fix}"
+                    if self.open_module
+                    else "load it (modprobe nvidia) or reboot, check dmesg for why it failed, then re-run"
+                ),
             ),
             (
                 True,
@@ -177,8 +221,8 @@ class Host:
                 True,
                 open_unbound and self.smi_state == "no_devices",
                 f"nvidia-smi finds no GPU while {self.pci_devices} NVIDIA display device(s) sit on the PCI bus and "
-                f"NVIDIA's open kernel module {self.module['version']} is loaded; required: the proprietary NVIDIA "
-                f"kernel module for GPUs older than Turing (a P40 is Pascal); do: {OPEN_MODULE_FIX}",
+                f"{self.open_name} {self.module_state}; required: the "
+                f"proprietary NVIDIA kernel module for GPUs older than Turing (a P40 is Pascal); do: {open_fix}",
             ),
             (
                 True,
@@ -186,10 +230,10 @@ class Host:
                 and self.has_gpu
                 and self.cap_valid
                 and version(self.compute_cap) < version(s["open_module_min_compute_cap"]),
-                f"found NVIDIA's open kernel module {self.module['version']} (/proc/driver/nvidia/version names "
-                f'the "Open Kernel Module") with {self.gpu_name} (compute capability {self.compute_cap}); '
+                f"found {self.open_name} ({self.module_seen}) with "
+                f"{self.gpu_name} (compute capability {self.compute_cap}); "
                 "required: the proprietary NVIDIA kernel module, as the open one supports Turing (compute "
-                f"capability {s['open_module_min_compute_cap']}) and newer only; do: {OPEN_MODULE_FIX}",
+                f"capability {s['open_module_min_compute_cap']}) and newer only; do: {open_fix}",
             ),
             (
                 True,
@@ -360,6 +404,9 @@ def gpu_preflight_assess(found, settings):
             f"{gcc['default_version'] or 'none'}); nvcc 11.8 rejects gcc > 11, so building Apex needs gcc-11 from "
             "elsewhere (the cuda_toolkit role decides)"
         )
+    kernels = found.get("kernels") or []
+    has_driver = bool(host.module.get("flavor")) or host.smi_state == "ok" or any(k["nvidia_module"] for k in kernels)
+    warnings += kernel_warnings(kernels, has_driver)
     state = found["state"]
     if state.get("error"):
         warnings.append(

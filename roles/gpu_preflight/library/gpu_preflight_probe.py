@@ -33,6 +33,19 @@ NVRM_LINE = re.compile(
 )
 # A hung driver can block nvidia-smi for minutes; preflight should say so, not hang.
 NVIDIA_SMI_TIMEOUT = 60
+# `modinfo nvidia`'s license field names the module's flavor (FACTS.md): asked only where /proc does not say.
+MODULE_LICENSES = {"NVIDIA": "proprietary", "Dual MIT/GPL": "open"}
+MODINFO_PATHS = ["/usr/sbin/modinfo", "/sbin/modinfo", "/usr/bin/modinfo", "/bin/modinfo"]
+# Where an NVIDIA module lands under /lib/modules/<kernel>/: DKMS builds (updates/dkms, Debian's nvidia-current
+# too), NVIDIA's runfile (kernel/drivers/video), Ubuntu's prebuilt linux-modules-nvidia-* (kernel/nvidia-<branch>).
+MODULE_GLOBS = (
+    "updates/dkms/nvidia*.ko*",
+    "updates/nvidia*.ko*",
+    "extra/nvidia*.ko*",
+    "misc/nvidia*.ko*",
+    "kernel/drivers/video/nvidia*.ko*",
+    "kernel/nvidia*/nvidia*.ko*",
+)
 
 
 def run(argv):
@@ -162,13 +175,41 @@ def kernel_module(text):
     return {"version": match.group("version"), "flavor": "open" if match.group("open") else "proprietary"}
 
 
+def module_license(text):
+    """The flavor `modinfo -F license nvidia` names ("NVIDIA": proprietary, "Dual MIT/GPL": open), or ""."""
+    return MODULE_LICENSES.get(text.strip().splitlines()[0].strip() if text.strip() else "", "")
+
+
 def read_kernel_module():
     try:
         with open("/proc/driver/nvidia/version", encoding="utf-8") as handle:
             text = handle.read()
     except OSError:
         text = ""
-    return dict(kernel_module(text), line=text.splitlines()[0].strip() if text.strip() else "")
+    found = dict(kernel_module(text), line=text.splitlines()[0].strip() if text.strip() else "", license="")
+    found["source"] = "/proc/driver/nvidia/version" if found["flavor"] else ""
+    # No loaded module to read: the installed one's license says which flavor the next load brings.
+    modinfo = next((path for path in MODINFO_PATHS if os.access(path, os.X_OK)), "")
+    if not found["flavor"] and modinfo:
+        rc, out = run([modinfo, "-F", "license", "nvidia"])
+        found["license"] = out.strip() if rc == 0 else ""
+        found["flavor"] = module_license(found["license"])
+        found["source"] = "modinfo nvidia" if found["flavor"] else ""
+    return found
+
+
+def kernel_modules(boot="/boot", modules="/lib/modules", dkms="/var/lib/dkms"):
+    """Each installed kernel (a /boot/vmlinuz-<version>) and where an NVIDIA module is built for it: a module
+    file in its module tree, or a DKMS build of an nvidia* module for it ("" where neither)."""
+    found = []
+    running = os.uname().release
+    for image in sorted(glob.glob(os.path.join(boot, "vmlinuz-*"))):
+        release = os.path.basename(image)[len("vmlinuz-") :]
+        tree = os.path.join(modules, release)
+        built = [path for pattern in MODULE_GLOBS for path in glob.glob(os.path.join(tree, pattern))]
+        built += glob.glob(os.path.join(dkms, "nvidia*", "*", release))
+        found.append({"release": release, "running": release == running, "nvidia_module": min(built, default="")})
+    return found
 
 
 def find_nvidia_smi(name):
@@ -242,6 +283,7 @@ def probe(request):
         "nvidia_pci_devices": nvidia_pci_devices(),
         "kernel_module": module,
         "kernel_module_version": module["version"],
+        "kernels": kernel_modules(),
         "state": saved_state(request["state_file"]),
     }
     return report
