@@ -229,10 +229,14 @@ def test_pip_install_failing_midway_is_redone_next_run(converged, fleet, play, s
     removed = sh(fleet, "node3", f"{PY} -m pip uninstall -y torch torchvision torchaudio")
     assert removed.returncode == 0, removed.stderr
     broken = sandbox_vars["p40fleet_sandbox_mirror_url"] + "/torch_wheels_broken/"
-    failed = play(limit="node3", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken]})
+    # The broken index comes with its own lock (the broken torchaudio's sha256): pip gets past the hash check.
+    broken_lock = sandbox_vars["p40fleet_sandbox_mirror_dir"] + "/locks/torch-sandbox-broken.lock.txt"
+    failed = play(
+        limit="node3", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken], "pytorch_lock_file": broken_lock}
+    )
     assert failed.rc != 0
     assert [f.task for f in failed.host_failures("node3")] == [
-        "Ensure torch, torchvision and torchaudio are the pinned cu118 builds"
+        "Ensure the torch builds and their dependencies are installed from the hash-pinned lock"
     ]
     # Midway: torch went in, torchaudio did not.
     assert "Version: 2.6.0+cu118" in sh(fleet, "node3", f"{PY} -m pip show torch").stdout

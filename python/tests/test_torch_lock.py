@@ -1,0 +1,161 @@
+"""The torch stack's hash locks (roles/pytorch/files/pytorch-*-py*.lock.txt) and the sandbox's, without hosts.
+
+The host locks are written by `make lock` from PyTorch's cu118 index (never run here: that index is not
+reachable from the build machine, so no host lock is committed yet; see test_a_host_lock_exists_for_every_python).
+Each lock that exists is checked against the pytorch role's pins and verl's lock of the same Python. The sandbox's
+lock is built with the stand-ins (torch_wheels.py), and real pip installs it as the role does, and refuses a
+rebuilt wheel served under a locked name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
+from tests.test_verl_lock import parse_lock, pytorch_pins
+
+PYTORCH_FILES = REPO_ROOT / "roles" / "pytorch" / "files"
+VERL_FILES = REPO_ROOT / "roles" / "verl" / "files"
+LOCKS = sorted(PYTORCH_FILES.glob("pytorch-*-py3*.lock.txt"))
+LOCK_NAME = re.compile(r"pytorch-(?P<torch>[0-9.]+)-(?P<tag>cu[0-9]+)-py3(?P<minor>[0-9]+)\.lock\.txt")
+TORCH_WHEELS = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "artifacts" / "torch_wheels.py"
+MAKEFILE = (REPO_ROOT / "Makefile").read_text()
+
+
+def makefile_value(name: str) -> str:
+    (value,) = re.findall(rf"^{name} := (.*)$", MAKEFILE, flags=re.M)
+    return value.strip()
+
+
+def test_requirements_are_the_roles_pins() -> None:
+    """What `make lock` resolves is what the role's constraints hold: the +cu118 builds at the role's versions."""
+    source = PYTORCH_FILES / "pytorch-2.6.0-cu118-requirements.in"
+    pins = {}
+    for line in source.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            pins[canonicalize_name(requirement.name)] = spec.version
+    assert pins == {name: str(version) for name, version in pytorch_pins().items()}
+    assert makefile_value("PYTORCH_LOCK_VERSION") == "2.6.0" and makefile_value("PYTORCH_LOCK_CUDA_TAG") == "cu118"
+
+
+def test_lock_target_resolves_from_the_cu118_index_alone_for_every_verl_python() -> None:
+    recipe = MAKEFILE.split("\nlock-torch: venv\n", 1)[1].split("\n\n", 1)[0]
+    assert "--generate-hashes" in recipe and "--index-url $(PYTORCH_LOCK_INDEX)" in recipe
+    assert "--extra-index-url" not in recipe and "--find-links" not in recipe
+    assert makefile_value("PYTORCH_LOCK_INDEX") == "https://download.pytorch.org/whl/$(PYTORCH_LOCK_CUDA_TAG)"
+    assert makefile_value("PYTORCH_LOCK_PYTHONS") == "$(VERL_LOCK_PYTHONS)"
+    assert re.search(r"^lock: lock-verl lock-torch$", MAKEFILE, flags=re.M)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="download.pytorch.org is not reachable from the build machine: `make lock` could not write the host "
+    "locks here (the pytorch role refuses a host without one, naming `make lock`)",
+)
+def test_a_host_lock_exists_for_every_python() -> None:
+    wanted = {
+        f"pytorch-2.6.0-cu118-py{p.replace('.', '')}.lock.txt" for p in makefile_value("VERL_LOCK_PYTHONS").split()
+    }
+    assert wanted <= {lock.name for lock in LOCKS}
+
+
+def check_lock(lock: Path, minor: str) -> None:
+    """One lock against the pins: every line an exact pin with sha256, the role's +cu118 builds, CUDA 11 libraries
+    only, and what verl's lock of the same Python also holds at the same version."""
+    entries = parse_lock(lock)
+    for name, version in pytorch_pins().items():
+        assert name in entries, f"{lock.name} lacks {name}"
+        assert entries[name][0] == version, f"{lock.name}: {name} {entries[name][0]}, the role pins {version}"
+    cuda12 = sorted(name for name in entries if name.startswith("nvidia-") and not name.endswith("-cu11"))
+    assert not cuda12, f"{lock.name} holds CUDA libraries that are not the cu11 builds: {cuda12}"
+    verl = parse_lock(VERL_FILES / f"verl-0.4.1-py3{minor}.lock.txt")
+    for name in set(entries) & set(verl):
+        assert entries[name][0] == verl[name][0], f"{name}: {entries[name][0]} here, {verl[name][0]} in verl's lock"
+        assert set(entries[name][1]) & set(verl[name][1]), f"{name}: no sha256 in common with verl's lock"
+
+
+@pytest.mark.parametrize("lock", LOCKS, ids=[p.name for p in LOCKS])
+def test_host_lock_matches_the_pins(lock: Path) -> None:
+    check_lock(lock, LOCK_NAME.fullmatch(lock.name)["minor"])
+
+
+# -- the sandbox's lock: stand-ins with their sha256 as built, the real files they require ---------------------
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("torch-standins")
+    load_module(TORCH_WHEELS, "p40fleet_standin_torch_wheels").build(out, out)
+    return out
+
+
+def pip_install(lock: Path, wheels: Path, target: Path) -> subprocess.CompletedProcess:
+    """The role's install (--require-hashes --no-deps, only the sources named, no pip.conf), into a target dir
+    for the sandbox hosts' Python 3.11 on x86_64 Linux."""
+    command = [sys.executable, "-m", "pip", "install", "--require-hashes", "--no-deps", "--no-index"]
+    command += ["--find-links", str(wheels), "--target", str(target), "--only-binary=:all:"]
+    command += ["--python-version", "3.11", "--platform", "manylinux2014_x86_64", "-r", str(lock)]
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+
+
+def test_sandbox_lock_pins_the_standins_as_built_and_real_files_for_the_rest(standins) -> None:
+    lock = standins / "locks" / "torch-sandbox.lock.txt"
+    entries = parse_lock(lock)
+    for name in ("torch", "torchvision", "torchaudio"):
+        (wheel,) = (standins / "torch_wheels").glob(f"{name}-*+cu118-py3-none-any.whl")
+        digest = subprocess.run(["sha256sum", str(wheel)], capture_output=True, text=True, check=True).stdout.split()[0]
+        assert entries[name][1] == [digest], f"{name}: the lock's sha256 is not the stand-in's as built"
+    verl = parse_lock(VERL_FILES / "verl-0.4.1-py311.lock.txt")
+    real = set(entries) - {"torch", "torchvision", "torchaudio"}
+    assert real == {"filelock", "typing-extensions", "fsspec", "numpy"}
+    for name in real:
+        assert entries[name] == verl[name], f"{name}: not the verl lock's pin and sha256"
+    check_lock(lock, "11")
+
+
+def test_sandbox_lock_installs_with_require_hashes(standins, tmp_path) -> None:
+    done = pip_install(standins / "locks" / "torch-sandbox.lock.txt", standins / "torch_wheels", tmp_path / "env")
+    assert done.returncode == 0, done.stdout + done.stderr
+    installed = sorted(p.name for p in (tmp_path / "env").glob("*.dist-info"))
+    assert [re.sub(r"-[^-]+\.dist-info$", "", n) for n in installed] == [
+        "filelock",
+        "fsspec",
+        "numpy",
+        "torch",
+        "torchaudio",
+        "torchvision",
+        "typing_extensions",
+    ]
+    assert "torch-2.6.0+cu118.dist-info" in installed, installed
+
+
+def test_rebuilt_wheel_under_a_locked_name_is_refused(standins, tmp_path) -> None:
+    """A mirror serving another build of torch 2.6.0+cu118 under the locked file name: pip refuses it, installs
+    nothing, and names the file and both sums."""
+    served = tmp_path / "mirror"
+    served.mkdir()
+    for path in (standins / "torch_wheels").iterdir():
+        os.link(path, served / path.name)
+    (wheel,) = served.glob("torch-2.6.0+cu118-py3-none-any.whl")
+    wheel.unlink()
+    torch_wheels = load_module(TORCH_WHEELS, "p40fleet_standin_torch_wheels")
+    files = torch_wheels.torch_files("2.6.0+cu118", "11.8")
+    files["torch/_rebuilt.py"] = "# a rebuild: same name and version, other bytes\n"
+    torch_wheels.make_wheel(served, "torch", "2.6.0+cu118", files, torch_wheels.TORCH_REQUIRES, "rebuilt")
+    done = pip_install(standins / "locks" / "torch-sandbox.lock.txt", served, tmp_path / "env")
+    assert done.returncode != 0
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in done.stderr, done.stderr
+    assert "torch==2.6.0+cu118" in done.stderr
+    assert not any((tmp_path / "env").glob("*.dist-info")), "something was installed from the refused set"
