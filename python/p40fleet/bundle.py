@@ -383,7 +383,12 @@ def repository_pins(pins: Sequence[HostPins]) -> list[RepoPin]:
         if host.apex["enabled"]:
             wanted.append(RepoPin("apex", host.apex["repo"], host.apex["commit"], host.apex["commit"]))
         if host.verl["source"] == "git":
-            expected = host.verl["expected_commit"] or None
+            expected = host.verl["expected_commit"]
+            if not re.fullmatch(r"[0-9a-f]{40}", expected or ""):
+                raise FetchError(
+                    f"{host.host}: verl_expected_commit is {expected!r}: a bundle holds verl only at a pinned commit"
+                    f" (the commit {host.verl['ref']} must be), never at whatever a tag says. Set it."
+                )
             wanted.append(RepoPin("verl", host.verl["repo"], host.verl["ref"], expected))
         for pin in wanted:
             seen = found.setdefault(pin.name, pin)

@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from p40fleet.paths import REPO_ROOT
+from tests.host_state import sh
 from tests.source_modules import load_module
 from tests.test_verl_lock import parse_lock, pytorch_pins
 
@@ -159,3 +161,61 @@ def test_rebuilt_wheel_under_a_locked_name_is_refused(standins, tmp_path) -> Non
     assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in done.stderr, done.stderr
     assert "torch==2.6.0+cu118" in done.stderr
     assert not any((tmp_path / "env").glob("*.dist-info")), "something was installed from the refused set"
+
+
+# -- the role on a sandbox host: the lock installs with --require-hashes; another build is refused --------------
+
+STACK = REPO_ROOT / "python" / "tests" / "playbooks" / "python_stack.yml"
+UP_TO_TORCH = "gpu_preflight,host_prereqs,conda_env,pytorch"
+PY = "/opt/miniconda3/envs/verl-env/bin/python"
+INSTALL_TASK = "Ensure the torch builds and their dependencies are installed from the hash-pinned lock"
+
+
+@pytest.fixture(scope="module")
+def torch_fleet(make_sandbox):
+    return make_sandbox("torch-lock", ["p40"])
+
+
+def task_results(result, task: str) -> list[dict]:
+    return [
+        e["event_data"]["res"]
+        for e in result.events
+        if e["event"] in ("runner_on_ok", "runner_on_failed") and e["event_data"].get("task") == task
+    ]
+
+
+@pytest.mark.sandbox
+def test_role_refuses_a_served_build_that_is_not_the_locked_one_then_installs_the_lock(
+    torch_fleet, run_playbook, tmp_path
+):
+    inventory = torch_fleet.inventory_dir
+    sandbox_vars = yaml.safe_load((inventory / "group_vars" / "p40_sandbox.yml").read_text())
+    lock = Path(sandbox_vars["p40fleet_sandbox_mirror_dir"]) / "locks" / "torch-sandbox.lock.txt"
+    # The lock names a build of torch 2.6.0+cu118 other than the one the mirror serves (as a lock made from the
+    # genuine files meets a mirror serving a rebuild): the mirror's file must be refused.
+    torch_wheels = load_module(TORCH_WHEELS, "p40fleet_standin_torch_wheels")
+    files = torch_wheels.torch_files("2.6.0+cu118", "11.8")
+    files["torch/_rebuilt.py"] = "# another build: same name and version, other bytes\n"
+    other = torch_wheels.make_wheel(tmp_path, "torch", "2.6.0+cu118", files, torch_wheels.TORCH_REQUIRES, "other")
+    served_sum = parse_lock(lock)["torch"][1][0]
+    tampered = tmp_path / "torch.lock.txt"
+    tampered.write_text(lock.read_text().replace(served_sum, torch_wheels.sha256(other)))
+
+    refused = run_playbook(STACK, inventory, tags=UP_TO_TORCH, extra_vars={"pytorch_lock_file": str(tampered)})
+    assert refused.rc != 0
+    assert [f.task for f in refused.host_failures("node1")] == [INSTALL_TASK]
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in refused.stdout
+    assert torch_fleet.exec("node1", f"{PY} -m pip show torch").returncode != 0, "torch installed from a refused set"
+
+    done = run_playbook(STACK, inventory, tags=UP_TO_TORCH)
+    assert done.rc == 0, [f"{f.task}: {f.message}" for f in done.failures]
+    (install,) = task_results(done, INSTALL_TASK)
+    argv = install["cmd"]
+    assert {"--require-hashes", "--no-deps", "--no-index"} <= set(argv), argv
+    assert "--extra-index-url" not in argv and "--index-url" not in argv, argv
+    versions = sh(torch_fleet, "node1", f"{PY} -c 'import torch, torchvision, torchaudio as a, numpy, filelock; "
+                  "print(torch.__version__, torchvision.__version__, a.__version__)'")  # fmt: skip
+    assert versions.split() == ["2.6.0+cu118", "0.21.0+cu118", "2.6.0+cu118"]
+    assert "No broken requirements found." in sh(torch_fleet, "node1", f"sudo -u p40fleet {PY} -m pip check")
+    again = run_playbook(STACK, inventory, tags=UP_TO_TORCH)
+    assert again.rc == 0 and again.stats["node1"]["changed"] == 0
