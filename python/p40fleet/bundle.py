@@ -508,5 +508,5 @@ def make_bundle(
     write_checksums(out_dir, files)
     notes = []
     if any(host.verl["install_vllm"] for host in pins):
-        notes.append("vLLM is not bundled (verl_install_vllm): its wheel URL is unverified and has no sha256 pin.")
+        notes.append("vLLM is not bundled (verl_install_vllm): it has no sha256 pin, and the verl role refuses it.")
     return BundleResult(out_dir, outcomes, repositories, notes)

@@ -7,7 +7,9 @@ the roles report or repair them.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 
 import pytest
@@ -149,10 +151,57 @@ def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged
         assert [stub["arch_list"] for stub in stubs] == [None] + ["6.1"] * 11
         marker = json.loads(sh(fleet, host, f"cat {ENV}/.p40fleet-apex.json").stdout)
         assert marker["built_by"] == "node1" and marker["key"] == cached[0].parent.name
+        assert marker["sha256"] == hashes[host]
         assert marker["commit"] == fleet_commit(fleet)
         tools = sh(fleet, host, f"{PY} -m pip list --format=json").stdout
         versions = {d["name"].lower(): d["version"] for d in json.loads(tools)}
         assert {name: versions.get(name) for name in BUILD_TOOLS} == BUILD_TOOLS
+
+
+def test_the_controller_records_the_apex_build_as_it_finishes(converged, apex_cache):
+    (wheel,) = apex_cache.rglob("apex-*.whl")
+    record = json.loads((wheel.parent / "record.json").read_text())
+    assert record["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert (record["wheel"], record["key"], record["builder"]) == (wheel.name, wheel.parent.name, "node1")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"]), record["date"]
+
+
+def test_a_tampered_or_unrecorded_apex_wheel_in_the_controller_cache_is_refused_on_every_host(
+    converged, fleet, play, apex_cache
+):
+    (wheel,) = apex_cache.rglob("apex-*.whl")
+    record_path = wheel.parent / "record.json"
+    genuine, record = wheel.read_bytes(), record_path.read_text()
+    installed = {h: sh(fleet, h, f"{PY} -m pip show -f apex").stdout for h in HOSTS}
+    marker = f"{ENV}/.p40fleet-apex.json"
+    try:
+        # Every host must look at the cache again: its marker of the installed build is moved aside.
+        for host in HOSTS:
+            assert sh(fleet, host, f"mv {marker} {marker}.aside").returncode == 0
+        wheel.write_bytes(genuine + b"\0tampered")
+        tampered = play(tags="apex")
+        assert tampered.rc != 0
+        for host in HOSTS:
+            (failure,) = tampered.host_failures(host)
+            assert failure.task == "Ensure the cached wheel is the one its build recorded"
+            assert failure.message.startswith(f"{host}: the Apex wheel {wheel} in the controller cache has sha256 ")
+            assert "but its build recorded" in failure.message and "(built by node1 on" in failure.message
+            assert "Refused: it was not installed on any host." in failure.message
+            assert sh(fleet, host, f"{PY} -m pip show -f apex").stdout == installed[host]
+        wheel.write_bytes(genuine)
+        record_path.unlink()
+        unrecorded = play(tags="apex")
+        assert unrecorded.rc != 0
+        for host in HOSTS:
+            (failure,) = unrecorded.host_failures(host)
+            assert f"in the controller cache has no build record ({record_path})" in failure.message
+    finally:
+        wheel.write_bytes(genuine)
+        record_path.write_text(record)
+        for host in HOSTS:
+            sh(fleet, host, f"test -e {marker}.aside && mv {marker}.aside {marker}")
+    again = play(tags="apex")
+    assert again.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in again.failures]
 
 
 def test_apex_built_with_only_the_environment_switches_fails_the_wheel_check(converged, fleet, play, apex_cache):
