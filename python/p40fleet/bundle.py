@@ -16,9 +16,9 @@ hash-pinned: only a file with one of the pinned sha256 is accepted, for the env'
 wheel of a pin that some glibc from 2.5 to 2.28 can use (the host's pip picks its own), the sdist where there is
 no wheel. Every file goes through p40fleet.fetch (resume, verification, atomic move, valid files kept).
 
-Not in a bundle: conda packages (conda_env creates the env from its channels: give the hosts a conda mirror,
-conda_env_channel_alias), the Hub's dataset and model (training_data: its `path` or `controller` sources),
-vLLM (verl_install_vllm: refused, its wheel has no sha256 pin).
+Not in a bundle: the Hub's dataset and model (training_data: its `path` or `controller` sources) and vLLM
+(verl_install_vllm: refused, its wheel has no sha256 pin). conda fetches nothing: conda_env clones the env
+offline from the pinned installer's own Python.
 """
 
 from __future__ import annotations

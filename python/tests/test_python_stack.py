@@ -96,6 +96,9 @@ def test_env_is_owned_by_the_unprivileged_user_with_pinned_python(converged, fle
         # The sandbox inventory sets conda_env_python_version 3.11 (the stand-in conda gives the host's Python).
         version = sh(fleet, host, f"{PY} -c 'import sys; print(sys.version_info[:2])'").stdout.strip()
         assert version == "(3, 11)"
+        # Cloned offline from the installer's own Python: no channel was solved against.
+        history = sh(fleet, host, f"cat {ENV}/conda-meta/history").stdout
+        assert "create --yes --quiet --name verl-env --clone base --offline" in history, history
         condarc = sh(fleet, host, "cat /opt/miniconda3/.condarc").stdout
         assert "always_yes: true" in condarc and "- conda-forge" in condarc
 
@@ -264,7 +267,9 @@ def test_verify_alone_passes_and_changes_nothing(converged, play):
 
 
 def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):
-    result = play(limit="node2", tags="conda_env", extra_vars={"conda_env_python_version": "3.10"})
+    # An installer of that Python (by its release name; the stand-in's bytes and sum stay what is installed).
+    asked = {"conda_env_python_version": "3.10", "conda_env_miniconda_version": "py310_standin"}
+    result = play(limit="node2", tags="conda_env", extra_vars=asked)
     assert result.rc != 0
     messages = [f.message for f in result.host_failures("node2")]
     assert any(

@@ -16,12 +16,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from p40fleet.bundle import bundle_downloads
+from p40fleet.fetch import HostPins
+from p40fleet.fixtures import locked_files_dir, sandbox_verl_lock
 from p40fleet.paths import REPO_ROOT
 from tests.host_state import sh
+from tests.http_server import serve_directory
 from tests.source_modules import load_module
 from tests.test_verl_lock import parse_lock, pytorch_pins
 
@@ -219,3 +224,40 @@ def test_role_refuses_a_served_build_that_is_not_the_locked_one_then_installs_th
     assert "No broken requirements found." in sh(torch_fleet, "node1", f"sudo -u p40fleet {PY} -m pip check")
     again = run_playbook(STACK, inventory, tags=UP_TO_TORCH)
     assert again.rc == 0 and again.stats["node1"]["changed"] == 0
+
+
+def test_bundle_serves_exactly_the_torch_locks_files(standins, tmp_path):
+    """`p40fleet bundle`'s wheels for a host: the torch lock's files (never the index's decoys), read from the torch
+    install's own sources, beside the verl lock's."""
+    served = tmp_path / "served"
+    served.mkdir()
+    files = [*(standins / "torch_wheels").iterdir(), *locked_files_dir(sandbox_verl_lock()).glob("*.*")]
+    for path in {path.name: path for path in files}.values():
+        os.link(path, served / path.name)
+    running = serve_directory(served)
+    try:
+        host = HostPins(
+            host="node1",
+            artifacts=[],
+            controller_cache_dir=tmp_path / "cache",
+            python_version="3.11",
+            # An extra index the torch install must never read: it does not resolve.
+            pip={"no_index": True, "index_url": "", "extra_index_urls": ["https://pypi.invalid/simple"],
+                 "find_links": [f"{running.base_url}/"]},
+            torch_requirements=[],
+            apex={"enabled": False},
+            verl={"source": "path", "lock_file": str(sandbox_verl_lock()), "find_links": []},
+            torch_lock_file=str(standins / "locks" / "torch-sandbox.lock.txt"),
+        )  # fmt: skip
+        downloads = bundle_downloads([host], tmp_path / "bundle", requests.Session())
+    finally:
+        running.stop()
+    names = {d.dest.name for d in downloads}
+    torch = {"torch-2.6.0+cu118-py3-none-any.whl", "torchvision-0.21.0+cu118-py3-none-any.whl"}
+    assert torch | {"torchaudio-2.6.0+cu118-py3-none-any.whl"} <= names
+    assert not {"torch-2.6.0-py3-none-any.whl", "torch-2.7.0-py3-none-any.whl"} & names
+    locked = parse_lock(standins / "locks" / "torch-sandbox.lock.txt")
+    for download in downloads:
+        name = canonicalize_name(download.label.split("==")[0])
+        if name in locked:
+            assert download.sha256s == frozenset(locked[name][1]), download.label
