@@ -15,7 +15,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps venv fixtures lint pytest molecule \
-  test faults demo bench clean lock gpu-bundle gpu-check gpu-records
+  test faults demo bench clean lock lock-verl lock-torch gpu-bundle gpu-check gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -117,6 +117,10 @@ gpu-records: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \
 	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES),p4-1x
 
+# The hash locks the env installs from, one per Python each: verl's dependencies (PyPI) and the torch stack
+# (PyTorch's cu118 index). Needs both: never run by tests.
+lock: lock-verl lock-torch
+
 # verl's dependency locks, one per Python (the sandbox's env is Python 3.11). Needs PyPI: never run by tests.
 VERL_LOCK_VERSION := 0.4.1
 VERL_LOCK_PYTHONS := 3.10 3.11
@@ -128,7 +132,7 @@ VERL_LOCK_NO_EMIT := verl torch torchvision torchaudio triton sympy mpmath netwo
   nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cudnn-cu12 nvidia-cufft-cu12 nvidia-curand-cu12 \
   nvidia-cusolver-cu12 nvidia-cusparse-cu12 nvidia-cusparselt-cu12 nvidia-nccl-cu12 nvidia-nvjitlink-cu12 \
   nvidia-nvtx-cu12
-lock: venv
+lock-verl: venv
 	@set -euo pipefail; cd $(VERL_LOCK_FILES); \
 	for python in $(VERL_LOCK_PYTHONS); do \
 	  lock=verl-$(VERL_LOCK_VERSION)-py$${python/./}.lock.txt; \
@@ -138,4 +142,27 @@ lock: venv
 	    $(addprefix --no-emit-package ,$(VERL_LOCK_NO_EMIT)) \
 	    -c verl-$(VERL_LOCK_VERSION)-constraints.in verl-$(VERL_LOCK_VERSION)-requirements.in >> $$lock.new; \
 	  mv $$lock.new $$lock; echo "wrote $(VERL_LOCK_FILES)/$$lock"; \
+	done
+
+# The torch stack's locks, one per Python verl has a lock for: the +cu118 builds and every file they pull in,
+# resolved from PyTorch's cu118 index alone (it lists each file's sha256), with verl's lock of that Python as a
+# constraint (one version of what both hold). Needs that index (run lock-verl first when verl's inputs change).
+# Where the index lacks a version verl's lock pins, uv names it: move that pin in verl's constraints, then re-lock.
+PYTORCH_LOCK_VERSION := 2.6.0
+PYTORCH_LOCK_CUDA_TAG := cu118
+PYTORCH_LOCK_PYTHONS := $(VERL_LOCK_PYTHONS)
+PYTORCH_LOCK_INDEX := https://download.pytorch.org/whl/$(PYTORCH_LOCK_CUDA_TAG)
+PYTORCH_LOCK_FILES := roles/pytorch/files
+lock-torch: venv
+	@set -euo pipefail; cd $(PYTORCH_LOCK_FILES); \
+	for python in $(PYTORCH_LOCK_PYTHONS); do \
+	  lock=pytorch-$(PYTORCH_LOCK_VERSION)-$(PYTORCH_LOCK_CUDA_TAG)-py$${python/./}.lock.txt; \
+	  sed -e "s/@TORCH@/$(PYTORCH_LOCK_VERSION)/g" -e "s/@TAG@/$(PYTORCH_LOCK_CUDA_TAG)/g" \
+	    -e "s/@PYTHON@/$$python/g" -e "s|@INDEX@|$(PYTORCH_LOCK_INDEX)|g" pytorch-lock-header.txt > $$lock.new; \
+	  $(BIN)/uv pip compile --quiet --generate-hashes --python-version $$python \
+	    --python-platform x86_64-manylinux_2_28 --index-url $(PYTORCH_LOCK_INDEX) \
+	    -c ../../verl/files/verl-$(VERL_LOCK_VERSION)-py$${python/./}.lock.txt \
+	    pytorch-$(PYTORCH_LOCK_VERSION)-$(PYTORCH_LOCK_CUDA_TAG)-requirements.in >> $$lock.new \
+	    || { rm -f $$lock.new; exit 1; }; \
+	  mv $$lock.new $$lock; echo "wrote $(PYTORCH_LOCK_FILES)/$$lock"; \
 	done

@@ -10,16 +10,15 @@ Layout (what the roles read in their mirror modes; the base URL is where the mir
   git/apex.bundle, git/verl.bundle the same history as single files (`git clone FILE.bundle`), to carry around
   SHA256SUMS                       every file above but the repositories' insides (`sha256sum -c SHA256SUMS`)
 
-The wheels: the files of the verl lock and of Apex's build tools (hash-pinned: only a file with one of the
-pinned sha256 is accepted), for the env's Python on x86_64 Linux, every wheel of a pin that some glibc from
-2.5 to 2.28 can use (the host's pip picks its own), the sdist where there is no wheel; and the torch builds with
-everything they pull in, resolved by pip (`pip install --dry-run --report`) from the sources the env's pip.conf
-names. The torch pins carry a version, not a sha256: their files are verified against the sha256 pip saw
-from that source. Every file goes through p40fleet.fetch (resume, verification, atomic move, valid files kept).
+The wheels: exactly the files of the torch lock (the +cu118 builds and what they pull in, from the sources the
+torch install names: pytorch_index_url alone, or the find-links), of the verl lock and of Apex's build tools, all
+hash-pinned: only a file with one of the pinned sha256 is accepted, for the env's Python on x86_64 Linux, every
+wheel of a pin that some glibc from 2.5 to 2.28 can use (the host's pip picks its own), the sdist where there is
+no wheel. Every file goes through p40fleet.fetch (resume, verification, atomic move, valid files kept).
 
-Not in a bundle: conda packages (conda_env creates the env from its channels: give the hosts a conda mirror,
-conda_env_channel_alias), the Hub's dataset and model (training_data: its `path` or `controller` sources),
-vLLM (verl_install_vllm: its wheel URL is unverified and carries no sha256 pin).
+Not in a bundle: the Hub's dataset and model (training_data: its `path` or `controller` sources) and vLLM
+(verl_install_vllm: refused, its wheel has no sha256 pin). conda fetches nothing: conda_env clones the env
+offline from the pinned installer's own Python.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,13 +49,11 @@ from packaging.utils import (
 from packaging.version import Version
 
 from p40fleet.fetch import (
-    SHA256,
     Download,
     Fetcher,
     FetchError,
     HostPins,
     Outcome,
-    file_name,
     read_pins,
     sha256_of,
     unique,
@@ -258,7 +254,7 @@ def hashed_downloads(
     return downloads
 
 
-# -- the torch builds (version pins, resolved by pip) ------------------------------------------------
+# -- the sources the env's pip calls read ----------------------------------------------------------------
 
 
 def pip_source_options(pip: dict, extra_find_links: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
@@ -280,38 +276,6 @@ def pip_source_options(pip: dict, extra_find_links: Sequence[str] = ()) -> tuple
             # pip ignores plain-HTTP sources unless told; an https source is always verified.
             options += ["--trusted-host", urlsplit(url).hostname]
     return options, index_urls, find_links
-
-
-def torch_downloads(host: HostPins, wheels_dir: Path) -> list[Download]:
-    """The torch pins and everything they pull in, as pip would resolve them on the host."""
-    options, _, _ = pip_source_options(host.pip)
-    major, minor = host.python_version.split(".")[:2]
-    with tempfile.TemporaryDirectory(prefix="p40fleet-bundle-") as tmp:
-        report = Path(tmp) / "report.json"
-        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
-        command += ["--report", str(report), "--target", str(Path(tmp) / "target"), "--only-binary=:all:"]
-        command += ["--python-version", host.python_version, "--implementation", "cp"]
-        command += ["--abi", f"cp{major}{minor}", "--abi", "abi3", "--abi", "none"]
-        command += [f"--platform={platform}" for platform in PLATFORMS]
-        command += [*options, *host.torch_requirements]
-        # Only the sources the env's pip.conf names: no pip configuration of the controller's own.
-        env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-        result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-        if result.returncode != 0:
-            raise FetchError(
-                f"{host.host}: pip could not resolve {' '.join(host.torch_requirements)} for Python"
-                f" {host.python_version}:\n{(result.stdout + result.stderr)[-3000:]}"
-            )
-        installs = json.loads(report.read_text())["install"]
-    downloads = []
-    for item in installs:
-        info = item["download_info"]
-        sha256 = ((info.get("archive_info") or {}).get("hashes") or {}).get("sha256", "")
-        if not SHA256.match(sha256):
-            raise FetchError(f"{host.host}: pip gave no sha256 for {info.get('url')}: refusing an unverifiable file")
-        name = f"{item['metadata']['name']}=={item['metadata']['version']}"
-        downloads.append(Download(name, info["url"], wheels_dir / file_name(info["url"]), frozenset({sha256})))
-    return downloads
 
 
 # -- git repositories of the pinned commits ------------------------------------------------------------
@@ -419,7 +383,12 @@ def repository_pins(pins: Sequence[HostPins]) -> list[RepoPin]:
         if host.apex["enabled"]:
             wanted.append(RepoPin("apex", host.apex["repo"], host.apex["commit"], host.apex["commit"]))
         if host.verl["source"] == "git":
-            expected = host.verl["expected_commit"] or None
+            expected = host.verl["expected_commit"]
+            if not re.fullmatch(r"[0-9a-f]{40}", expected or ""):
+                raise FetchError(
+                    f"{host.host}: verl_expected_commit is {expected!r}: a bundle holds verl only at a pinned commit"
+                    f" (the commit {host.verl['ref']} must be), never at whatever a tag says. Set it."
+                )
             wanted.append(RepoPin("verl", host.verl["repo"], host.verl["ref"], expected))
         for pin in wanted:
             seen = found.setdefault(pin.name, pin)
@@ -447,7 +416,19 @@ def bundle_downloads(pins: Sequence[HostPins], out_dir: Path, session: requests.
         if key in resolved:
             continue
         resolved.add(key)
-        downloads += torch_downloads(host, wheels)
+        torch_lock = host.torch_lock
+        if not torch_lock.is_file():
+            raise FetchError(
+                f"{host.host}: the torch lock {torch_lock} does not exist (pytorch_lock_file); run `make lock` where"
+                " PyTorch's index is reachable"
+            )
+        # The torch install's own sources: the index alone (never pip.conf's extra indexes), or the find-links.
+        torch_sources = {**host.pip, "extra_index_urls": []}
+        _, index_urls, find_links = pip_source_options(torch_sources)
+        locked = parse_hashed_requirements(torch_lock.read_text(), str(torch_lock))
+        downloads += hashed_downloads(
+            locked, str(torch_lock), host.python_version, index_urls, find_links, wheels, finder
+        )
         lock = host.verl_lock
         if not lock.is_file():
             raise FetchError(f"{host.host}: the verl lock {lock} does not exist (verl_lock_file); run `make lock`")
@@ -527,5 +508,5 @@ def make_bundle(
     write_checksums(out_dir, files)
     notes = []
     if any(host.verl["install_vllm"] for host in pins):
-        notes.append("vLLM is not bundled (verl_install_vllm): its wheel URL is unverified and has no sha256 pin.")
+        notes.append("vLLM is not bundled (verl_install_vllm): it has no sha256 pin, and the verl role refuses it.")
     return BundleResult(out_dir, outcomes, repositories, notes)

@@ -188,7 +188,7 @@ def _record_line(record: fleet.HostRecord) -> str:
         ("CUDA", record.cuda),
         ("cuDNN", record.cudnn),
         ("torch", record.torch),
-        ("Apex", record.apex),
+        ("Apex", record.apex and record.apex + (f" (built by {record.apex_built_by})" if record.apex_built_by else "")),
         ("verl", record.verl),
         ("patch set", record.patch_set),
         ("launch script", record.launch_script),

@@ -277,6 +277,13 @@ class HostPins:
     torch_requirements: list[str]
     apex: dict
     verl: dict = field(default_factory=dict)
+    torch_lock_file: str = ""
+
+    @property
+    def torch_lock(self) -> Path:
+        """The torch lock the pytorch role copies to the host (an absolute path, or one in its files/)."""
+        path = Path(self.torch_lock_file).expanduser()
+        return path if path.is_absolute() else ROLES_DIR / "pytorch" / "files" / path
 
     @property
     def verl_lock(self) -> Path:
@@ -325,6 +332,7 @@ def read_pins(inventory: Path | str, limit: str | None = None, extravars: dict |
                 python_version=str(raw["python_version"]),
                 pip=raw["pip"],
                 torch_requirements=[str(r) for r in raw["torch_requirements"]],
+                torch_lock_file=str(raw["torch_lock_file"]),
                 apex=raw["apex"],
                 verl=raw["verl"],
             )

@@ -149,6 +149,8 @@ class HostRecord:
     cudnn: str | None = None
     torch: str | None = None
     apex: str | None = None
+    apex_key: str | None = None
+    apex_built_by: str | None = None
     verl: str | None = None
     verl_head: str | None = None
     patch_set: str | None = None
@@ -195,13 +197,16 @@ def stage_summary(stages: dict) -> dict[str, dict]:
     patches = records.get("verl_patches", {}).get("record") or {}
     identity = patches.get("identity") or {}
     head = (texts.get("verl", {}).get("head") or "").strip()
+    apex_marker = records.get("apex", {}).get("marker") or {}
     return {
         "cuda_toolkit": {"version": cuda_version, "home": os.path.dirname(cuda_json) if cuda_json else None},
         "cudnn": {"version": (records.get("cudnn", {}).get("record") or {}).get("version")},
         "pytorch": {"torch": _dist_version(files.get("pytorch", {}), "torch", "METADATA")},
         "apex": {
             "version": _dist_version(files.get("apex", {}), "apex", "RECORD"),
-            "key": (records.get("apex", {}).get("marker") or {}).get("key"),
+            "key": apex_marker.get("key"),
+            # The host that built the installed wheel, as the controller recorded it when the build finished.
+            "built_by": apex_marker.get("built_by") or None,
         },
         "verl": {
             "version": _dist_version(files.get("verl", {}), "verl", "direct_url.json"),
@@ -266,6 +271,7 @@ def host_record(name: str, saved: dict) -> HostRecord:
     record.cudnn = summary["cudnn"]["version"]
     record.torch = summary["pytorch"]["torch"]
     record.apex = summary["apex"]["version"]
+    record.apex_key, record.apex_built_by = summary["apex"]["key"], summary["apex"]["built_by"]
     record.verl, record.verl_head = summary["verl"]["version"], summary["verl"]["head"]
     record.patch_set, record.patch_state = summary["verl_patches"]["patch_set"], summary["verl_patches"]["state"]
     record.launch_script = summary["launch_script"]["path"]

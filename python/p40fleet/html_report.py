@@ -111,6 +111,9 @@ def _versions(host: dict) -> str:
         patch = f"{patch} ({host['patch_state']})"
     elif not patch and host.get("patch_state"):
         patch = host["patch_state"]
+    apex = host.get("apex")
+    if apex and host.get("apex_built_by"):
+        apex = f"{apex} (built by {host['apex_built_by']})"
     verl = host.get("verl")
     if verl and host.get("verl_head"):
         verl = f"{verl} @ {host['verl_head'][:10]}"
@@ -118,7 +121,7 @@ def _versions(host: dict) -> str:
         ("CUDA", cuda),
         ("cuDNN", host.get("cudnn")),
         ("torch", host.get("torch")),
-        ("Apex", host.get("apex")),
+        ("Apex", apex),
         ("verl", verl),
         ("patch set", patch),
     ]

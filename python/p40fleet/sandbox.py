@@ -474,7 +474,8 @@ class Sandbox:
         for host in hosts:
             self.set_profile(host.name, host.profile)
         self._write_known_hosts(hosts)
-        self._write_inventory(hosts, artifacts.group_vars)
+        # Where the stand-ins lie on the controller: the hash locks made with them are read from there.
+        self._write_inventory(hosts, {**artifacts.group_vars, "p40fleet_sandbox_mirror_dir": str(artifacts.mirror_dir)})
         for host in hosts:
             _wait_for_port(host.address, 22)
         return hosts

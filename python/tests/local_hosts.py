@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+from p40fleet.paths import REPO_ROOT
 
 
 def local_inventory(tmp_path: Path) -> Path:
@@ -12,3 +15,24 @@ def local_inventory(tmp_path: Path) -> Path:
         "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
     )
     return inventory
+
+
+def run_verl_role(run_playbook, tmp_path: Path, extra: dict):
+    """The verl role alone on the controller as host node9 (root acts as the env owner through su, no sudo)."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    node9:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n      ansible_become_method: ansible.builtin.su\n"
+    )
+    playbook = tmp_path / "verl.yml"
+    playbook.write_text(f"- hosts: all\n  gather_facts: false\n  roles:\n    - role: {REPO_ROOT / 'roles' / 'verl'}\n")
+    env = tmp_path / "env"
+    variables = {
+        "conda_env_prefix": str(env),
+        "conda_env_python": str(env / "bin" / "python"),
+        "conda_env_owner": "nobody",
+        "conda_env_owner_exists": True,
+        "verl_checkout_dir": str(tmp_path / "verl"),
+        **extra,
+    }
+    return run_playbook(playbook, inventory, extra_vars=variables, envvars={"ANSIBLE_CACHE_PLUGIN": "memory"})

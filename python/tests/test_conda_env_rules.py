@@ -14,9 +14,8 @@ import pytest
 from p40fleet.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-PLAN = load_module(
-    REPO_ROOT / "roles" / "conda_env" / "filter_plugins" / "conda_env.py", "conda_env_filter"
-).conda_env_plan
+FILTERS = load_module(REPO_ROOT / "roles" / "conda_env" / "filter_plugins" / "conda_env.py", "conda_env_filter")
+PLAN = FILTERS.conda_env_plan
 SHA = "aef279d6baea7f67940f16aad17ebe5f6aac97487c7c03466ff01f4819e5a651"
 CONDARC = "always_yes: true\nchannels:\n- conda-forge\n"
 SETTINGS = {"installer_sha256": SHA.upper(), "python_version": "3.10", "condarc": CONDARC, "owner": "p40fleet"}
@@ -61,3 +60,21 @@ def test_each_situation_gets_its_decisions(situation):
 def test_the_role_wires_the_filter():
     converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "converge.yml").read_text()
     assert "conda_env_probed | conda_env_plan(" in converge
+
+
+@pytest.mark.parametrize(
+    ("miniconda_version", "python"),
+    [
+        ("py310_23.3.1-0", "3.10"),
+        ("py39_4.12.0", "3.9"),
+        ("py312_24.7.1-0", "3.12"),
+        ("py311_standin", "3.11"),
+        ("latest", ""),
+        ("23.3.1-0", ""),
+        ("py3_x", ""),
+        ("py310", ""),
+    ],
+)
+def test_the_installers_python_is_read_from_its_release_name(miniconda_version, python):
+    """The env is cloned from the installer's own Python: conda_env refuses an env Python the installer lacks."""
+    assert FILTERS.conda_env_installer_python(miniconda_version) == python

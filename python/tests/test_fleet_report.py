@@ -95,7 +95,12 @@ def stages(drift: dict | None = None) -> dict:
         },
         "apex": {
             "files": {f"{SITE}/apex-0.1.dist-info/RECORD": FILE},
-            "json": {"marker": {"key": "py3.10-torch2.6.0+cu118-cuda11.8-arch6.1-cpp1cuda1-apex810ffae374a2"}},
+            "json": {
+                "marker": {
+                    "key": "py3.10-torch2.6.0+cu118-cuda11.8-arch6.1-cpp1cuda1-apex810ffae374a2",
+                    "built_by": "node2",
+                }
+            },
         },
         "verl": {
             "files": {f"{SITE}/verl-0.4.1.dist-info/direct_url.json": FILE},
@@ -254,6 +259,11 @@ def test_each_host_gets_a_typed_record_from_the_run():
         "2.6.0+cu118",
         "0.1",
         "0.4.1",
+    )
+    # Which host built the installed Apex wheel, as the controller recorded it.
+    assert (node1.apex_key, node1.apex_built_by) == (
+        "py3.10-torch2.6.0+cu118-cuda11.8-arch6.1-cpp1cuda1-apex810ffae374a2",
+        "node2",
     )
     assert (node1.patch_set, node1.patch_state) == ("verl-0.4.1", "patched")
     assert node1.launch_script == "/home/p40fleet/train_gsm8k_ppo.sh"

@@ -7,7 +7,9 @@ the roles report or repair them.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 
 import pytest
@@ -94,6 +96,9 @@ def test_env_is_owned_by_the_unprivileged_user_with_pinned_python(converged, fle
         # The sandbox inventory sets conda_env_python_version 3.11 (the stand-in conda gives the host's Python).
         version = sh(fleet, host, f"{PY} -c 'import sys; print(sys.version_info[:2])'").stdout.strip()
         assert version == "(3, 11)"
+        # Cloned offline from the installer's own Python: no channel was solved against.
+        history = sh(fleet, host, f"cat {ENV}/conda-meta/history").stdout
+        assert "create --yes --quiet --name verl-env --clone base --offline" in history, history
         condarc = sh(fleet, host, "cat /opt/miniconda3/.condarc").stdout
         assert "always_yes: true" in condarc and "- conda-forge" in condarc
 
@@ -149,10 +154,57 @@ def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged
         assert [stub["arch_list"] for stub in stubs] == [None] + ["6.1"] * 11
         marker = json.loads(sh(fleet, host, f"cat {ENV}/.p40fleet-apex.json").stdout)
         assert marker["built_by"] == "node1" and marker["key"] == cached[0].parent.name
+        assert marker["sha256"] == hashes[host]
         assert marker["commit"] == fleet_commit(fleet)
         tools = sh(fleet, host, f"{PY} -m pip list --format=json").stdout
         versions = {d["name"].lower(): d["version"] for d in json.loads(tools)}
         assert {name: versions.get(name) for name in BUILD_TOOLS} == BUILD_TOOLS
+
+
+def test_the_controller_records_the_apex_build_as_it_finishes(converged, apex_cache):
+    (wheel,) = apex_cache.rglob("apex-*.whl")
+    record = json.loads((wheel.parent / "record.json").read_text())
+    assert record["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert (record["wheel"], record["key"], record["builder"]) == (wheel.name, wheel.parent.name, "node1")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"]), record["date"]
+
+
+def test_a_tampered_or_unrecorded_apex_wheel_in_the_controller_cache_is_refused_on_every_host(
+    converged, fleet, play, apex_cache
+):
+    (wheel,) = apex_cache.rglob("apex-*.whl")
+    record_path = wheel.parent / "record.json"
+    genuine, record = wheel.read_bytes(), record_path.read_text()
+    installed = {h: sh(fleet, h, f"{PY} -m pip show -f apex").stdout for h in HOSTS}
+    marker = f"{ENV}/.p40fleet-apex.json"
+    try:
+        # Every host must look at the cache again: its marker of the installed build is moved aside.
+        for host in HOSTS:
+            assert sh(fleet, host, f"mv {marker} {marker}.aside").returncode == 0
+        wheel.write_bytes(genuine + b"\0tampered")
+        tampered = play(tags="apex")
+        assert tampered.rc != 0
+        for host in HOSTS:
+            (failure,) = tampered.host_failures(host)
+            assert failure.task == "Ensure the cached wheel is the one its build recorded"
+            assert failure.message.startswith(f"{host}: the Apex wheel {wheel} in the controller cache has sha256 ")
+            assert "but its build recorded" in failure.message and "(built by node1 on" in failure.message
+            assert "Refused: it was not installed on any host." in failure.message
+            assert sh(fleet, host, f"{PY} -m pip show -f apex").stdout == installed[host]
+        wheel.write_bytes(genuine)
+        record_path.unlink()
+        unrecorded = play(tags="apex")
+        assert unrecorded.rc != 0
+        for host in HOSTS:
+            (failure,) = unrecorded.host_failures(host)
+            assert f"in the controller cache has no build record ({record_path})" in failure.message
+    finally:
+        wheel.write_bytes(genuine)
+        record_path.write_text(record)
+        for host in HOSTS:
+            sh(fleet, host, f"test -e {marker}.aside && mv {marker}.aside {marker}")
+    again = play(tags="apex")
+    assert again.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in again.failures]
 
 
 def test_apex_built_with_only_the_environment_switches_fails_the_wheel_check(converged, fleet, play, apex_cache):
@@ -215,7 +267,9 @@ def test_verify_alone_passes_and_changes_nothing(converged, play):
 
 
 def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):
-    result = play(limit="node2", tags="conda_env", extra_vars={"conda_env_python_version": "3.10"})
+    # An installer of that Python (by its release name; the stand-in's bytes and sum stay what is installed).
+    asked = {"conda_env_python_version": "3.10", "conda_env_miniconda_version": "py310_standin"}
+    result = play(limit="node2", tags="conda_env", extra_vars=asked)
     assert result.rc != 0
     messages = [f.message for f in result.host_failures("node2")]
     assert any(
@@ -229,14 +283,21 @@ def test_pip_install_failing_midway_is_redone_next_run(converged, fleet, play, s
     removed = sh(fleet, "node3", f"{PY} -m pip uninstall -y torch torchvision torchaudio")
     assert removed.returncode == 0, removed.stderr
     broken = sandbox_vars["p40fleet_sandbox_mirror_url"] + "/torch_wheels_broken/"
-    failed = play(limit="node3", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken]})
+    # The broken index comes with its own lock (the broken torchaudio's sha256): pip gets past the hash check.
+    broken_lock = sandbox_vars["p40fleet_sandbox_mirror_dir"] + "/locks/torch-sandbox-broken.lock.txt"
+    failed = play(
+        limit="node3", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken], "pytorch_lock_file": broken_lock}
+    )
     assert failed.rc != 0
     assert [f.task for f in failed.host_failures("node3")] == [
-        "Ensure torch, torchvision and torchaudio are the pinned cu118 builds"
+        "Ensure the torch builds and their dependencies are installed from the hash-pinned lock"
     ]
-    # Midway: torch went in, torchaudio did not.
-    assert "Version: 2.6.0+cu118" in sh(fleet, "node3", f"{PY} -m pip show torch").stdout
-    assert sh(fleet, "node3", f"{PY} -m pip show torchaudio").returncode != 0
+    # Midway: pip installs the lock's packages one by one (--no-deps: in an order of its own); the broken
+    # torchaudio went in and left a file where torch's package goes, so torch did not.
+    installed = [
+        d for d in ("torch", "torchvision", "torchaudio") if sh(fleet, "node3", f"{PY} -m pip show {d}").returncode == 0
+    ]
+    assert installed == ["torchvision", "torchaudio"], installed
     redone = play(limit="node3", tags=UP_TO_TORCH)
     assert redone.rc == 0, [f"{f.task}: {f.message}" for f in redone.failures]
     assert redone.stats["node3"]["changed"] > 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 import tarfile
 import zipfile
 from email.parser import Parser
@@ -25,6 +24,7 @@ from packaging.version import Version
 
 from p40fleet.fixtures import SANDBOX_PYTHON, locked_files_dir, sandbox_verl_lock
 from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+from tests.local_hosts import run_verl_role
 
 VERL_FILES = REPO_ROOT / "roles" / "verl" / "files"
 PYTORCH_ROLE = REPO_ROOT / "roles" / "pytorch"
@@ -232,23 +232,8 @@ def test_marker_environment_is_what_the_locks_target() -> None:
 
 def test_role_stops_where_no_lock_was_resolved_for_the_envs_python(run_playbook, tmp_path) -> None:
     """An env on a Python no lock was resolved for stops before anything is installed, naming what to do."""
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    node9:\n      ansible_connection: local\n"
-        f"      ansible_python_interpreter: {sys.executable}\n"
-    )
-    playbook = tmp_path / "verl.yml"
-    playbook.write_text(f"- hosts: all\n  gather_facts: false\n  roles:\n    - role: {REPO_ROOT / 'roles' / 'verl'}\n")
+    result = run_verl_role(run_playbook, tmp_path, {"conda_env_python_version": "3.12"})
     env = tmp_path / "env"
-    extra = {
-        "conda_env_prefix": str(env),
-        "conda_env_python": str(env / "bin" / "python"),
-        "conda_env_owner": "nobody",
-        "conda_env_owner_exists": True,
-        "conda_env_python_version": "3.12",
-        "verl_checkout_dir": str(tmp_path / "verl"),
-    }
-    result = run_playbook(playbook, inventory, extra_vars=extra, envvars={"ANSIBLE_CACHE_PLUGIN": "memory"})
     assert result.rc != 0
     (failure,) = result.failures
     assert failure.task == "Ensure a dependency lock exists for this verl release and the env's Python"

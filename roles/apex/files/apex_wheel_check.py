@@ -1,4 +1,5 @@
-"""p40fleet apex wheel check (env's python): which expected extension modules the built wheel lacks. JSON.
+"""p40fleet apex wheel check (the host's system python, isolated: never the env owner's): which expected
+extension modules the built wheel lacks, read from the wheel as a zip, and whether the build ran serially. JSON.
 
 argv: WHEEL BUILD_LOG MODULE...
 """

@@ -8,9 +8,13 @@
 `found` holds the probe's key=value lines (strings; empty where a probe found nothing); `settings` holds
 installer_sha256, python_version, condarc (the managed file's content) and owner. Unit-tested in
 python/tests/test_conda_env_rules.py.
+
+`miniconda_version | conda_env_installer_python` returns the Python a Miniconda release's installer carries
+(py310_23.3.1-0 -> 3.10), or '' for a name that does not say: the env is cloned from that Python.
 """
 
 import hashlib
+import re
 
 
 def conda_env_plan(found, settings):
@@ -27,6 +31,11 @@ def conda_env_plan(found, settings):
     return {"install_miniconda": install_miniconda, "create_env": create_env, "install_needed": install_needed}
 
 
+def conda_env_installer_python(miniconda_version):
+    match = re.fullmatch(r"py(3)(1?[0-9])_\S+", str(miniconda_version))
+    return f"{match.group(1)}.{match.group(2)}" if match else ""
+
+
 class FilterModule:
     def filters(self):
-        return {"conda_env_plan": conda_env_plan}
+        return {"conda_env_plan": conda_env_plan, "conda_env_installer_python": conda_env_installer_python}

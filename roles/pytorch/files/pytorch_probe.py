@@ -1,4 +1,5 @@
-"""p40fleet pytorch probe: installed torch/torchvision/torchaudio versions and the env's pip files (as JSON)."""
+"""p40fleet pytorch probe: installed torch/torchvision/torchaudio versions, the env's pip files and the digest of
+the torch lock pip last installed completely (the sha1 of its marker) (as JSON)."""
 
 import hashlib
 import importlib.metadata
@@ -30,6 +31,7 @@ print(
             "torchaudio": version("torchaudio"),
             "pip_conf_sha1": sha1(os.path.join(sys.prefix, "pip.conf")),
             "constraints_sha1": sha1(os.path.join(sys.prefix, "p40fleet-constraints.txt")),
+            "lock_marker_sha1": sha1(os.path.join(sys.prefix, ".p40fleet-torch-lock.sha1")),
         }
     )
 )
