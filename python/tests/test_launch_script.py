@@ -69,6 +69,8 @@ def rendered(tmp_path_factory) -> dict[str, dict]:
     """Run the role once for every host of HOSTS (twice: the second changes nothing);
     {host: {"script": path, "printed": text, "overrides": [...]}}."""
     hosts = {name: {"profile": profile} for name, profile in HOSTS.items()}
+    # vLLM is not installed by p40fleet (the verl role refuses it): a fleet that installs its own says so.
+    hosts["v100"]["verl_install_vllm"] = True
     hosts["p40x2"]["launch_script_extra_overrides"] = ["trainer.val_before_train=False"]
     hosts["p40x2"]["launch_script_host_overrides"] = ["trainer.total_epochs=2"]
     out, _ = render(hosts, tmp_path_factory.mktemp("launch-script"), idempotent=True)
@@ -188,6 +190,8 @@ def test_settings_follow_each_profile(rendered):
     assert v100["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "fp32"
     assert v100["critic.model.fsdp_config.mixed_precision.param_dtype"] == "fp32"
     assert v100["actor_rollout_ref.rollout.name"] == "vllm"
+    # Without vLLM in the env every profile generates with hf.
+    assert a100["actor_rollout_ref.rollout.name"] == "hf" and "actor_rollout_ref.rollout.dtype" not in a100
     assert a100["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "bf16"
     assert a100["actor_rollout_ref.model.use_remove_padding"] == "True"
     assert a100["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
