@@ -82,6 +82,10 @@ class Refused(Exception):
     """A path root must not act on: the message names what was found and what to do."""
 
 
+class Missing(Refused):
+    """A parent that does not exist yet (in check mode: one an earlier task of the run would have made)."""
+
+
 def describe(info: os.stat_result, name: str = "") -> str:
     """What a path is, for a message: its type, owner and mode."""
     try:
@@ -156,7 +160,7 @@ def open_parent(path: str, trusted_uid: int) -> tuple[int, str, str, str]:
                 try:
                     info = os.lstat(name, dir_fd=fd)
                 except FileNotFoundError:
-                    raise Refused(f"{here} does not exist (its parent of {path} must be made first)") from None
+                    raise Missing(f"{here} does not exist (its parent of {path} must be made first)") from None
                 if stat.S_ISLNK(info.st_mode):
                     if level != "root" or info.st_uid != 0 or follows >= FOLLOW_LIMIT:
                         raise Refused(f"{here} is {describe(info)} to {os.readlink(name, dir_fd=fd)}")
@@ -284,11 +288,9 @@ def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> d
 def ensure_absent(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> dict:
     try:
         fd, name, _, real = open_parent(params["path"], trusted_uid)
-    except Refused as error:
+    except Missing:
         # A parent that does not exist holds no file.
-        if "does not exist" in str(error):
-            return {"changed": False, "path": params["path"]}
-        raise
+        return {"changed": False, "path": params["path"]}
     try:
         info = lstat_at(fd, name)
         if info is None:
@@ -364,7 +366,12 @@ def run(params: dict, check_mode: bool) -> dict:
     trusted = uid_of(params["trusted_owner"])
     if uid not in (0, trusted):
         raise Refused(f"{params['path']} would belong to {params['owner']}, who is neither root nor the env owner")
-    return STATES[params["state"]](params, uid, trusted, check_mode)
+    try:
+        return STATES[params["state"]](params, uid, trusted, check_mode)
+    except Missing:
+        if check_mode:
+            return {"changed": True, "path": params["path"]}
+        raise
 
 
 def main() -> None:
