@@ -180,7 +180,9 @@ def test_a_file_written_into_the_owners_tree_refuses_what_the_owner_planted_ther
     before = snapshot(system / "sudoers")
     # A FIFO opened without O_NONBLOCK would hang here: the refusal must come at once.
     done = []
-    worker = threading.Thread(target=lambda: done.append(refused(dest, state="file", owner=OWNER, content="[x]\n")))
+    worker = threading.Thread(
+        target=lambda: done.append(refused(dest, state="file", owner=OWNER, content="[x]\n")), daemon=True
+    )
     worker.start()
     worker.join(10)
     assert done, "the write hung on what was planted"
