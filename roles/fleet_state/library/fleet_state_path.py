@@ -190,6 +190,12 @@ def open_parent(path: str, trusted_uid: int) -> tuple[int, str, str, str]:
         parts = restart
 
 
+def found_at(fd: int, name: str, info: os.stat_result) -> str:
+    """What a directory entry is, a link with its target."""
+    text = describe(info)
+    return f"{text} to {os.readlink(name, dir_fd=fd)}" if stat.S_ISLNK(info.st_mode) else text
+
+
 def lstat_at(fd: int, name: str) -> os.stat_result | None:
     try:
         return os.lstat(name, dir_fd=fd)
@@ -212,7 +218,7 @@ def ensure_directory(params: dict, uid: int, trusted_uid: int, check_mode: bool)
             os.mkdir(name, 0o700, dir_fd=fd)
             info = os.lstat(name, dir_fd=fd)
         if not stat.S_ISDIR(info.st_mode):
-            raise Refused(f"{real} is {describe(info)}, not a directory")
+            raise Refused(f"{real} is {found_at(fd, name, info)}, not a directory")
         wanted, group = uid, gid_of(uid)
         if uid == 0 and not changed and stat.S_IMODE(info.st_mode) & 0o022 and not params["reclaim"]:
             # Whoever could write it may have left anything inside.
@@ -223,7 +229,9 @@ def ensure_directory(params: dict, uid: int, trusted_uid: int, check_mode: bool)
             reclaimed = uid == 0 and params["reclaim"] and info.st_uid == trusted_uid and level == "root"
             takeable = handed or reclaimed
             if not takeable:
-                raise Refused(f"{real} is {describe(info)}, where a directory owned by {params['owner']} belongs")
+                raise Refused(
+                    f"{real} is {found_at(fd, name, info)}, where a directory owned by {params['owner']} belongs"
+                )
         target = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
         try:
             opened = os.fstat(target)
@@ -251,7 +259,9 @@ def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> d
         info = lstat_at(fd, name)
         if info is not None:
             if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, uid):
-                raise Refused(f"{real} is {describe(info)}, where a regular file owned by {params['owner']} belongs")
+                raise Refused(
+                    f"{real} is {found_at(fd, name, info)}, where a regular file owned by {params['owner']} belongs"
+                )
             current = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
             with os.fdopen(current, "rb") as handle:
                 opened = os.fstat(handle.fileno())
