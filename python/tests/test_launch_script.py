@@ -285,13 +285,13 @@ def test_the_runs_environment_is_in_a_0600_file_the_script_sources_never_in_the_
     assert sourced.stdout.splitlines() == [SECRET, "offline"]
 
 
-def test_an_environment_name_that_is_no_shell_name_is_refused(tmp_path, run_playbook):
-    me = pwd.getpwuid(os.getuid()).pw_name
+def run_lone_host(tmp_path, run_playbook, **settings):
+    """The role on one local host with the given settings over a minimal P40 host's; the run's result."""
     host = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
-        "conda_env_owner": me,
+        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
         "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
         "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
         "gpu_preflight_profile": HOSTS["p40"],
@@ -299,11 +299,15 @@ def test_an_environment_name_that_is_no_shell_name_is_refused(tmp_path, run_play
         "training_data_test_file": "/srv/test.parquet",
         "training_data_model_path": "/srv/model",
         "launch_script_path": str(tmp_path / "train_gsm8k_ppo.sh"),
-        "launch_script_environment": {"X=1; touch /tmp/p40fleet-owned #": "v"},
+        **settings,
     }
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
-    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    return run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+
+
+def test_an_environment_name_that_is_no_shell_name_is_refused(tmp_path, run_playbook):
+    result = run_lone_host(tmp_path, run_playbook, launch_script_environment={"X=1; touch /tmp/p40fleet-owned #": "v"})
     assert result.rc == 2
     message = " ".join(f.message for f in result.failures)
     assert "p40: launch_script_environment has names that are not shell variable names" in message, message
@@ -320,24 +324,12 @@ def test_script_refuses_root(rendered):
 
 
 def test_a_profile_that_needs_patches_refuses_an_unpatched_verl(tmp_path, run_playbook):
-    me = pwd.getpwuid(os.getuid()).pw_name
-    host = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "ansible_become": False,
-        "conda_env_owner": me,
-        "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
-        "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
-        "gpu_preflight_profile": {**HOSTS["p40"], "needs_patches": True},
-        "verl_patches_record": {"state": "unpatched", "verl_version": "0.4.1", "profile": "pascal"},
-        "training_data_train_file": "/srv/train.parquet",
-        "training_data_test_file": "/srv/test.parquet",
-        "training_data_model_path": "/srv/model",
-        "launch_script_path": str(tmp_path / "train_gsm8k_ppo.sh"),
-    }
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
-    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    result = run_lone_host(
+        tmp_path,
+        run_playbook,
+        gpu_preflight_profile={**HOSTS["p40"], "needs_patches": True},
+        verl_patches_record={"state": "unpatched", "verl_version": "0.4.1", "profile": "pascal"},
+    )
     assert result.rc == 2
     assert any("needs verl's source patches" in f.message for f in result.failures), result.failures
     assert not (tmp_path / "train_gsm8k_ppo.sh").exists()
