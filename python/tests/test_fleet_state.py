@@ -334,7 +334,7 @@ def test_a_fifo_among_the_markers_does_not_hang_the_probe(host):
     assert done[1]["gates"] == {"cuda_toolkit": "converge"}
 
 
-def test_a_record_keeps_digests_of_the_inputs_and_an_earlier_records_values_still_compare(host):
+def test_a_record_keeps_digests_of_the_inputs_and_an_earlier_record_is_written_again(host):
     root, spec = host
     spec = {**spec, "inputs": {**spec["inputs"], "pytorch_index_url": "https://user:pa55@mirror.example/simple"}}
     record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")
@@ -342,13 +342,19 @@ def test_a_record_keeps_digests_of_the_inputs_and_an_earlier_records_values_stil
     assert "pa55" not in path.read_text()
     assert path.stat().st_mode & 0o777 == 0o600
     assert run_probe(root / "state", {"cuda_toolkit": spec})["gates"] == {"cuda_toolkit": "none"}
-    # A record an earlier p40fleet wrote holds the values: still compared, a change still found.
+    # A record an earlier p40fleet wrote holds the values (0644): the stage converges once more and is recorded
+    # again; a changed input is still named.
     old = json.loads(path.read_text())
     old["inputs"] = spec["inputs"]
     del old["input_sha256"]
     path.write_text(json.dumps(old))
-    assert run_probe(root / "state", {"cuda_toolkit": spec})["gates"] == {"cuda_toolkit": "none"}
+    assert run_probe(root / "state", {"cuda_toolkit": spec})["stages"]["cuda_toolkit"]["drift"] == [
+        "its record holds the inputs' values (an earlier p40fleet wrote it): it is recorded again"
+    ]
     changed = {**spec, "inputs": {**spec["inputs"], "pytorch_index_url": "https://mirror.example/simple"}}
-    assert run_probe(root / "state", {"cuda_toolkit": changed})["stages"]["cuda_toolkit"]["drift"] == [
+    assert run_probe(root / "state", {"cuda_toolkit": changed})["stages"]["cuda_toolkit"]["drift"][1:] == [
         "inputs changed since the last converge: pytorch_index_url"
     ]
+    record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")
+    assert "pa55" not in path.read_text()
+    assert run_probe(root / "state", {"cuda_toolkit": spec})["gates"] == {"cuda_toolkit": "none"}

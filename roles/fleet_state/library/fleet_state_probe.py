@@ -264,7 +264,9 @@ def stage_drift(stage: str, spec: dict, found_files: dict, record: dict | None, 
     if not isinstance(record, dict) or record.get("schema") != RECORD_SCHEMA:
         return [*drift, f"no record of a completed {stage} run (first run, or the last one stopped before its checks)"]
     # Records hold digests of the inputs, never their values (an index URL may carry credentials); a record of an
-    # earlier p40fleet holds the values, digested here.
+    # earlier p40fleet holds the values in a 0644 file: the stage converges again and its record is rewritten.
+    if "input_sha256" not in record:
+        drift.append("its record holds the inputs' values (an earlier p40fleet wrote it): it is recorded again")
     recorded_inputs = record.get("input_sha256") or input_digests(record.get("inputs") or {})
     inputs = changed_keys(recorded_inputs, input_digests(spec.get("inputs") or {}))
     if inputs:
