@@ -255,3 +255,15 @@ def test_paths_and_owners_outside_the_model_are_refused(arguments, message):
 def test_bad_options_are_named(arguments, message):
     with pytest.raises(ValueError, match=message):
         path_module.options(arguments)
+
+
+def test_an_env_owner_not_made_yet_is_trusted_with_nothing(tmp_path):
+    # Root's staging comes before conda_env makes the owner: root's directories are still made and checked.
+    arguments = {
+        "path": str(tmp_path / "staging"),
+        "owner": "root",
+        "trusted_owner": "no-such-account-p40",
+        "mode": "0700",
+    }
+    assert path_module.run(path_module.options(arguments), False)["changed"]
+    assert snapshot(tmp_path / "staging")[:2] == (0, 0o700)
