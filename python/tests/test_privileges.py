@@ -207,7 +207,8 @@ def test_a_link_the_owner_plants_where_root_writes_is_refused(converged, stage):
         ), messages
         assert system_state(fleet) == before
     finally:
-        fleet.exec(HOST, f"find {path.rstrip('/')}* -maxdepth 0 -type l -delete", "root")
+        # The planted link itself (for apex: the key directory's link inside apex-wheels/), never its target.
+        fleet.exec(HOST, f"find {path.rstrip('/')} -maxdepth 1 -type l -delete", "root")
 
 
 def test_a_staging_directory_another_account_made_first_is_refused_before_cudnn_unpacks(converged):
