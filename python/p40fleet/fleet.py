@@ -167,8 +167,13 @@ class HostRecord:
     first_failure: Failure | None = None
 
 
+def _dict(value) -> dict:
+    """A host's JSON marker as a mapping: whatever else a host's file holds (a list, a string) reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
 def _found(stages: dict, stage: str) -> dict:
-    return ((stages.get(stage) or {}).get("found")) or {}
+    return _dict(_dict(stages.get(stage)).get("found"))
 
 
 def _dist_version(files: dict, dist: str, leaf: str) -> str | None:
@@ -189,18 +194,18 @@ def stage_summary(stages: dict) -> dict[str, dict]:
     """What each stage installed, read from the probe's findings (the files each stage owns, with their small
     JSON records and text markers): the versions and paths a person asks for."""
     found = {stage: _found(stages, stage) for stage in stages}
-    files = {stage: value.get("files") or {} for stage, value in found.items()}
-    records = {stage: value.get("json") or {} for stage, value in found.items()}
-    texts = {stage: value.get("text") or {} for stage, value in found.items()}
-    cuda_version = ((records.get("cuda_toolkit", {}).get("version") or {}).get("cuda") or {}).get("version")
+    files = {stage: _dict(value.get("files")) for stage, value in found.items()}
+    records = {stage: _dict(value.get("json")) for stage, value in found.items()}
+    texts = {stage: _dict(value.get("text")) for stage, value in found.items()}
+    cuda_version = _dict(_dict(records.get("cuda_toolkit", {}).get("version")).get("cuda")).get("version")
     cuda_json = _file(files.get("cuda_toolkit", {}), "/version.json")
-    patches = records.get("verl_patches", {}).get("record") or {}
-    identity = patches.get("identity") or {}
-    head = (texts.get("verl", {}).get("head") or "").strip()
-    apex_marker = records.get("apex", {}).get("marker") or {}
+    patches = _dict(records.get("verl_patches", {}).get("record"))
+    identity = _dict(patches.get("identity"))
+    head = str(texts.get("verl", {}).get("head") or "").strip()
+    apex_marker = _dict(records.get("apex", {}).get("marker"))
     return {
         "cuda_toolkit": {"version": cuda_version, "home": os.path.dirname(cuda_json) if cuda_json else None},
-        "cudnn": {"version": (records.get("cudnn", {}).get("record") or {}).get("version")},
+        "cudnn": {"version": _dict(records.get("cudnn", {}).get("record")).get("version")},
         "pytorch": {"torch": _dist_version(files.get("pytorch", {}), "torch", "METADATA")},
         "apex": {
             "version": _dist_version(files.get("apex", {}), "apex", "RECORD"),
@@ -279,7 +284,7 @@ def host_record(name: str, saved: dict) -> HostRecord:
     hold = summary["driver_hold"]
     record.driver_hold, record.driver_pinned, record.driver_on_hold = hold["state"], hold["pinned"], hold["held"]
     record.drift = {stage: list(spec["drift"]) for stage, spec in stages.items() if spec and spec.get("drift")}
-    record.verified_at = (probe.get("verified") or {}).get("at")
+    record.verified_at = _dict(probe.get("verified")).get("at")
     smoke = saved.get("smoke")
     record.smoke = dict(smoke) if isinstance(smoke, dict) else None
     error = saved.get("probe_error")

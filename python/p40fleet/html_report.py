@@ -100,8 +100,13 @@ for _status in STATUSES:
     )
 
 
+def _e(value) -> str:
+    """Every field of the page is host- or run-supplied text: escaped, whatever its type."""
+    return escape("" if value is None else str(value))
+
+
 def _v(value) -> str:
-    return escape(str(value)) if value not in (None, "", []) else '<span class="none">—</span>'
+    return _e(str(value)) if value not in (None, "", []) else '<span class="none">—</span>'
 
 
 def _versions(host: dict) -> str:
@@ -116,7 +121,7 @@ def _versions(host: dict) -> str:
         apex = f"{apex} (built by {host['apex_built_by']})"
     verl = host.get("verl")
     if verl and host.get("verl_head"):
-        verl = f"{verl} @ {host['verl_head'][:10]}"
+        verl = f"{verl} @ {str(host['verl_head'])[:10]}"
     cells = [
         ("CUDA", cuda),
         ("cuDNN", host.get("cudnn")),
@@ -133,63 +138,64 @@ def _when(text: str | None) -> str:
     if not text:
         return "?"
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+        moment = datetime.fromisoformat(str(text).replace("Z", "+00:00")).astimezone(UTC)
     except ValueError:
-        return text
+        # Whatever a host's file said, shown as text, never as markup.
+        return _e(text)
     return f"{moment:%Y-%m-%d %H:%M} UTC"
 
 
 def _failure(failure: dict) -> str:
     kind = " unreachable" if failure.get("unreachable") else ""
-    role = f"[{escape(failure['role'])}] " if failure.get("role") else ""
+    role = f"[{_e(failure['role'])}] " if failure.get("role") else ""
     return (
         f'<section class="failure{kind}"><h3>{"unreachable" if kind else "first failure"}</h3>'
-        f'<div class="task">{role}{escape(failure.get("task", ""))}</div>'
-        f"<pre>{escape(failure.get('message', ''))}</pre></section>"
+        f'<div class="task">{role}{_e(failure.get("task", ""))}</div>'
+        f"<pre>{_e(failure.get('message', ''))}</pre></section>"
     )
 
 
 def _card(host: dict) -> str:
     status = host.get("status", "unknown")
     parts = [
-        f'<article class="card s-{escape(status)}" id="host-{escape(host["host"])}">',
-        f'<div class="card-head"><h2>{escape(host["host"])}</h2>'
-        f'<span class="pill">{escape(LABELS.get(status, status))}</span></div>',
+        f'<article class="card s-{_e(status)}" id="host-{_e(host["host"])}">',
+        f'<div class="card-head"><h2>{_e(host["host"])}</h2>'
+        f'<span class="pill">{_e(LABELS.get(status, status))}</span></div>',
     ]
     known = host.get("state_source") is not None
     if known:
         facts = []
         if host.get("driver"):
-            facts.append(f"driver {escape(host['driver'])}")
+            facts.append(f"driver {_e(host['driver'])}")
         if host.get("kernel_module"):
-            facts.append(f"{escape(host['kernel_module'])} module")
+            facts.append(f"{_e(host['kernel_module'])} module")
         if host.get("driver_hold"):
-            facts.append(escape(host["driver_hold"]))
+            facts.append(_e(host["driver_hold"]))
         if host.get("compute_cap"):
-            facts.append(f"compute capability {escape(host['compute_cap'])}")
+            facts.append(f"compute capability {_e(host['compute_cap'])}")
         if host.get("os"):
-            facts.append(escape(host["os"]))
+            facts.append(_e(host["os"]))
         parts.append(f'<div class="gpu">{_v(host.get("gpu"))}<div class="sub">{" · ".join(facts)}</div></div>')
     if host.get("first_failure"):
         parts.append(_failure(host["first_failure"]))
     if host.get("probe_error"):
-        parts.append(f'<div class="note">state probe: {escape(host["probe_error"])}</div>')
+        parts.append(f'<div class="note">state probe: {_e(host["probe_error"])}</div>')
     if not known:
         parts.append('<div class="note">No state read from this host yet.</div>')
     if host.get("profile") or host.get("profile_reasons"):
-        reasons = "".join(f"<li>{escape(r)}</li>" for r in host.get("profile_reasons") or [])
+        reasons = "".join(f"<li>{_e(r)}</li>" for r in host.get("profile_reasons") or [])
         parts.append(
             f'<section class="profile"><h3>profile <b>{_v(host.get("profile"))}</b>, because</h3>'
             f"<ul>{reasons}</ul></section>"
         )
     if host.get("drift"):
         items = "".join(
-            f"<li><b>{escape(stage)}</b>: {escape('; '.join(reasons))}</li>" for stage, reasons in host["drift"].items()
+            f"<li><b>{_e(stage)}</b>: {_e('; '.join(reasons))}</li>" for stage, reasons in host["drift"].items()
         )
         parts.append(f'<section class="drift"><h3>not converged</h3><ul>{items}</ul></section>')
     if host.get("state_source") == "fleet_state probe":
         parts.append(_versions(host))
-        script = f"<code>{escape(host['launch_script'])}</code>" if host.get("launch_script") else _v(None)
+        script = f"<code>{_e(host['launch_script'])}</code>" if host.get("launch_script") else _v(None)
         parts.append(f'<div class="launch"><h3>launch script</h3>{script}</div>')
         if host.get("driver_pinned"):
             held = f"; on hold: {', '.join(host['driver_on_hold'])}" if host.get("driver_on_hold") else ""
@@ -210,20 +216,20 @@ def _card(host: dict) -> str:
             f"<code>{escape(str(smoke.get('summary', '')))}</code></div>"
         )
     if known:
-        notes = [f"read by {escape(host['state_source'])} {_when(host.get('state_at'))}"]
+        notes = [f"read by {_e(host['state_source'])} {_when(host.get('state_at'))}"]
         if host.get("verified_at"):
             notes.append(f"stack verified {_when(host['verified_at'])}")
         parts.append(f'<div class="note">{" · ".join(notes)}</div>')
     last = host.get("last_run")
     if last:
         stats = last.get("stats") or {}
-        counts = ", ".join(f"{k} {stats.get(k, 0)}" for k in ("ok", "changed", "failures", "unreachable"))
+        counts = ", ".join(f"{k} {_e(stats.get(k, 0))}" for k in ("ok", "changed", "failures", "unreachable"))
         playbook = (last.get("playbook") or "").rsplit("/", 1)[-1]
         extra = " --check" if last.get("check") else ""
-        extra += f" --tags {escape(last['tags'])}" if last.get("tags") else ""
+        extra += f" --tags {_e(last['tags'])}" if last.get("tags") else ""
         parts.append(
-            f"<footer>last run <b>{escape(last.get('state', ''))}</b> {_when(last.get('finished'))} · "
-            f"{escape(playbook)}{extra} · {counts}<br><code>{escape(last.get('run_id', ''))}</code></footer>"
+            f"<footer>last run <b>{_e(last.get('state', ''))}</b> {_when(last.get('finished'))} · "
+            f"{_e(playbook)}{extra} · {counts}<br><code>{_e(last.get('run_id', ''))}</code></footer>"
         )
     else:
         parts.append("<footer>no run recorded for this host yet</footer>")
@@ -234,13 +240,15 @@ def _card(host: dict) -> str:
 def render_html(report: dict) -> str:
     """The page for a fleet report (p40fleet.fleet-report/v1, as fleet.fleet_report makes it)."""
     totals = report.get("totals", {})
-    tiles = [f'<div class="total"><span class="n">{totals.get("hosts", 0)}</span><span class="l">hosts</span></div>']
+    tiles = [
+        f'<div class="total"><span class="n">{_e(totals.get("hosts", 0))}</span><span class="l">hosts</span></div>'
+    ]
     for status in ("converged", "ok", "drift", "failed", "unreachable", "unknown"):
         n = totals.get(status, 0)
         zero = " zero" if not n else ""
         tiles.append(
-            f'<div class="total s-{status}{zero}"><span class="n">{n}</span>'
-            f'<span class="l">{escape(LABELS[status])}</span></div>'
+            f'<div class="total s-{status}{zero}"><span class="n">{_e(n)}</span>'
+            f'<span class="l">{_e(LABELS[status])}</span></div>'
         )
     hosts = sorted(report.get("hosts", []), key=lambda h: (ORDER.get(h.get("status"), 9), h["host"]))
     cards = "\n".join(_card(h) for h in hosts) or '<p class="empty">No hosts known yet: run p40fleet run first.</p>'
@@ -255,7 +263,7 @@ def render_html(report: dict) -> str:
 <body>
 <header>
 <h1>p40fleet · fleet report</h1>
-<p class="meta">inventory <code>{escape(report.get("inventory", ""))}</code>
+<p class="meta">inventory <code>{_e(report.get("inventory", ""))}</code>
  · generated {_when(report.get("generated"))}</p>
 <div class="totals">{"".join(tiles)}</div>
 </header>

@@ -48,6 +48,33 @@ def _holder(handle) -> dict:
     return {}
 
 
+EXTRA_VARS_OPTIONS = ("-e", "--extra-vars")
+HIDDEN = "<hidden>"
+
+
+def redacted_command(argv: list[str]) -> str:
+    """The command line as the lock records it: what -e/--extra-vars gave is hidden (it may be a token), unless
+    it names a file (@FILE); everything else is kept, so a refused run is still told what holds the lock."""
+    shown, hide_next = [], False
+    for arg in argv:
+        name, equals, value = arg.partition("=")
+        # argparse takes any unambiguous prefix of a long option: --extra, --ex.
+        long_form = arg.startswith("--") and len(name) > 2 and EXTRA_VARS_OPTIONS[1].startswith(name)
+        if hide_next:
+            shown.append(arg if arg.startswith("@") else HIDDEN)
+            hide_next = False
+        elif arg == "-e" or (long_form and not equals):
+            shown.append(arg)
+            hide_next = True
+        elif long_form:
+            shown.append(arg if value.startswith("@") else f"{name}={HIDDEN}")
+        elif arg.startswith("-e") and not arg.startswith("--"):
+            shown.append(arg if arg[2:].startswith("@") else f"-e{HIDDEN}")
+        else:
+            shown.append(arg)
+    return shlex.join(shown)
+
+
 @contextlib.contextmanager
 def inventory_lock(lock_path: Path, inventory: Path, command: str | None = None) -> Iterator[dict]:
     """Hold the inventory's lock for the block, or raise RunLocked naming the run that holds it."""
@@ -61,7 +88,7 @@ def inventory_lock(lock_path: Path, inventory: Path, command: str | None = None)
         holder = {
             "pid": os.getpid(),
             "started": now(),
-            "command": command if command is not None else shlex.join(sys.argv),
+            "command": redacted_command(shlex.split(command) if command is not None else sys.argv),
             "inventory": str(inventory),
         }
         handle.seek(0)

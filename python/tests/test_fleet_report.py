@@ -446,3 +446,30 @@ def test_refresh_runs_the_state_playbook_and_keeps_each_probe(tmp_path, monkeypa
     assert "last_run" not in saved["node1"]  # a refresh reads, it is no run of the playbook
     assert saved["node2"]["probe_error"]["state"] == "unreachable"
     assert StateDir(state_dir).inventory(inventory).read_last_report() is None
+
+
+HOSTILE = '"><script>alert(document.cookie)</script><b x="'
+
+
+def test_host_supplied_text_is_escaped_and_markers_that_are_no_mapping_do_not_crash():
+    # Issue 20: a host's verified.json said what verified_at is, printed unescaped; a list where a marker's JSON
+    # object belongs crashed `p40fleet report`.
+    found = stages()
+    found["apex"]["found"]["json"]["marker"] = ["not", "a", "mapping"]
+    found["cudnn"]["found"]["json"]["record"] = "a string"
+    found["cuda_toolkit"]["found"]["json"]["version"] = [1, 2]
+    found["verl_patches"]["found"]["json"]["record"] = {"identity": 42}
+    found["verl"]["found"]["text"]["head"] = 12345
+    saved = {
+        "probe": {"stages": found, "verified": {"at": HOSTILE}, "preflight": {"driver_version": HOSTILE}},
+        "probed_at": HOSTILE,
+    }
+    record = fleet.host_record("node1", saved)
+    assert (record.apex, record.cudnn, record.cuda, record.patch_set) == ("0.1", None, None, None)
+    assert record.verified_at == HOSTILE
+    page = html_report.render_html(fleet.fleet_report([record], "inventory/hosts.yml"))
+    assert "<script>" not in page and 'x="' not in page
+    assert "&quot;&gt;&lt;script&gt;alert(document.cookie)&lt;/script&gt;" in page
+    # Not even a non-string, non-dict verified record breaks it.
+    saved["probe"]["verified"] = ["x"]
+    assert fleet.host_record("node1", saved).verified_at is None

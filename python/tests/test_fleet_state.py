@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import threading
 
 import pytest
 
@@ -271,3 +273,88 @@ def test_a_stage_is_templated_against_the_variables_it_references_transitively()
 def test_a_stage_that_reaches_variables_by_a_computed_name_is_templated_against_all(template):
     variables = {"cudnn_markers": {"files": ["{{ cudnn_prefix }}"]}, "cudnn_prefix": template, "cudnn_version": "8"}
     assert specs_lookup.referenced(variables, ["cudnn_markers"]) is None
+
+
+# --- Issue 20: what the env owner can plant among the markers --------------------------------------
+
+
+def test_a_directory_link_among_globbed_markers_is_not_descended(tmp_path):
+    # The owner swaps a dist-info directory of its env for a link to root's files: glob.glob followed it.
+    env = tmp_path / "env" / "lib" / "python3.10" / "site-packages"
+    env.mkdir(parents=True)
+    (env / "torch-2.6.0.dist-info").mkdir()
+    (env / "torch-2.6.0.dist-info" / "METADATA").write_text("Name: torch\n")
+    secret = tmp_path / "root-only"
+    secret.mkdir()
+    (secret / "METADATA").write_text("root's\n")
+    os.symlink(secret, env / "torchvision-0.21.0.dist-info")
+    pattern = str(tmp_path / "env" / "lib" / "python*" / "site-packages" / "torch*.dist-info" / "METADATA")
+    found = probe_module.expand([pattern])
+    assert list(found) == [str(env / "torch-2.6.0.dist-info" / "METADATA")]
+    # A link to a directory of the owner's in the middle of the pattern: not walked either.
+    os.rename(env.parent, tmp_path / "env" / "lib" / "elsewhere")
+    os.symlink(tmp_path / "env" / "lib" / "elsewhere", env.parent)
+    assert probe_module.expand([pattern]) == {}
+    assert probe_module.safe_glob(str(tmp_path / "env" / "lib" / "python*")) == [str(env.parent)]
+
+
+def test_the_safe_glob_matches_what_glob_does_without_links(tmp_path):
+    for rel in ("a/x.json", "a/.hidden.json", "b/c/y.json", "b/z.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    for pattern in ("*/*.json", "**/*.json", "a/.*.json", "b/*", "*/c/*.json", "nothing/*"):
+        full = str(tmp_path / pattern)
+        assert sorted(probe_module.safe_glob(full)) == sorted(glob.glob(full, recursive=True)), pattern
+
+
+def test_a_fifo_among_the_markers_does_not_hang_the_probe(host):
+    root, spec = host
+    fifo = root / "home" / "marker.json"
+    os.mkfifo(fifo)
+    spec = {**spec, "files": [*spec["files"], str(fifo)], "json": {"marker": str(fifo)}, "text": {"m": str(fifo)}}
+    done = []
+    worker = threading.Thread(
+        target=lambda: done.append(run_probe(root / "state", {"cuda_toolkit": spec})), daemon=True
+    )
+    worker.start()
+    worker.join(10)
+    assert done, "the probe hung on a FIFO"
+    found = done[0]["stages"]["cuda_toolkit"]["found"]
+    assert found["files"][str(fifo)]["special"] is True
+    assert found["json"]["marker"] is None and found["text"]["m"] is None
+    # A FIFO where a record belongs is no record.
+    os.makedirs(root / "state" / "stages")
+    os.mkfifo(root / "state" / "stages" / "cuda_toolkit.json")
+    worker = threading.Thread(
+        target=lambda: done.append(run_probe(root / "state", {"cuda_toolkit": spec})), daemon=True
+    )
+    worker.start()
+    worker.join(10)
+    assert len(done) == 2, "the probe hung on a FIFO record"
+    assert done[1]["gates"] == {"cuda_toolkit": "converge"}
+
+
+def test_a_record_keeps_digests_of_the_inputs_and_an_earlier_record_is_written_again(host):
+    root, spec = host
+    spec = {**spec, "inputs": {**spec["inputs"], "pytorch_index_url": "https://user:pa55@mirror.example/simple"}}
+    record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")
+    path = root / "state" / "stages" / "cuda_toolkit.json"
+    assert "pa55" not in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert run_probe(root / "state", {"cuda_toolkit": spec})["gates"] == {"cuda_toolkit": "none"}
+    # A record an earlier p40fleet wrote holds the values (0644): the stage converges once more and is recorded
+    # again; a changed input is still named.
+    old = json.loads(path.read_text())
+    old["inputs"] = spec["inputs"]
+    del old["input_sha256"]
+    path.write_text(json.dumps(old))
+    assert run_probe(root / "state", {"cuda_toolkit": spec})["stages"]["cuda_toolkit"]["drift"] == [
+        "its record holds the inputs' values (an earlier p40fleet wrote it): it is recorded again"
+    ]
+    changed = {**spec, "inputs": {**spec["inputs"], "pytorch_index_url": "https://mirror.example/simple"}}
+    assert run_probe(root / "state", {"cuda_toolkit": changed})["stages"]["cuda_toolkit"]["drift"][1:] == [
+        "inputs changed since the last converge: pytorch_index_url"
+    ]
+    record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")
+    assert "pa55" not in path.read_text()
+    assert run_probe(root / "state", {"cuda_toolkit": spec})["gates"] == {"cuda_toolkit": "none"}

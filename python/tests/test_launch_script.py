@@ -28,6 +28,9 @@ ROLE = REPO_ROOT / "roles" / "launch_script"
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
 COMPOSE = ROLE / "files" / "launch_script_compose.py"
 VERSIONS = ("0.4.1", "0.5.0")
+# A secret with the characters a naive `export NAME=value` gets wrong.
+SECRET = "wandb-s3cr3t 'quoted' $HOME;`id`"
+
 HOSTS = {
     "p40": preflight_profile("Tesla P40", "6.1", 24576, 1),
     "p40x2": preflight_profile("Tesla P40", "6.1", 24576, 2),
@@ -71,6 +74,7 @@ def rendered(tmp_path_factory) -> dict[str, dict]:
     hosts = {name: {"profile": profile} for name, profile in HOSTS.items()}
     # vLLM is not installed by p40fleet (the verl role refuses it): a fleet that installs its own says so.
     hosts["v100"]["verl_install_vllm"] = True
+    hosts["p40"]["launch_script_environment"] = {"WANDB_API_KEY": SECRET, "WANDB_MODE": "offline"}
     hosts["p40x2"]["launch_script_extra_overrides"] = ["trainer.val_before_train=False"]
     hosts["p40x2"]["launch_script_host_overrides"] = ["trainer.total_epochs=2"]
     out, _ = render(hosts, tmp_path_factory.mktemp("launch-script"), idempotent=True)
@@ -255,6 +259,52 @@ def test_passthrough_arguments_are_appended(rendered):
     assert parse_printed(printed.stdout)[-1] == "trainer.total_epochs=1"
 
 
+def test_the_runs_environment_is_in_a_0600_file_the_script_sources_never_in_the_script(rendered):
+    # Issue 20: launch_script_environment (a WANDB_API_KEY) landed in the 0755 script anyone can read.
+    script = rendered["p40"]["script"]
+    env_file = script.with_suffix(".env")
+    assert SECRET not in script.read_text()
+    assert f". {env_file}" in script.read_text()
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    sourced = subprocess.run(
+        ["bash", "-c", f'. {env_file} && printf "%s\\n%s" "$WANDB_API_KEY" "$WANDB_MODE"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert sourced.stdout.splitlines() == [SECRET, "offline"]
+
+
+def run_lone_host(tmp_path, run_playbook, **settings):
+    """The role on one local host with the given settings over a minimal P40 host's; the run's result."""
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
+        "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
+        "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
+        "gpu_preflight_profile": HOSTS["p40"],
+        "training_data_train_file": "/srv/train.parquet",
+        "training_data_test_file": "/srv/test.parquet",
+        "training_data_model_path": "/srv/model",
+        "launch_script_path": str(tmp_path / "train_gsm8k_ppo.sh"),
+        **settings,
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
+    return run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+
+
+def test_an_environment_name_that_is_no_shell_name_is_refused(tmp_path, run_playbook):
+    result = run_lone_host(tmp_path, run_playbook, launch_script_environment={"X=1; touch /tmp/p40fleet-owned #": "v"})
+    assert result.rc == 2
+    message = " ".join(f.message for f in result.failures)
+    assert "p40: launch_script_environment has names that are not shell variable names" in message, message
+    assert '"X=1; touch /tmp/p40fleet-owned #"' in message
+    assert not (tmp_path / "train_gsm8k_ppo.sh").exists()
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to show the refusal")
 def test_script_refuses_root(rendered):
     for mode in ([], ["--dry-run"]):
@@ -264,24 +314,12 @@ def test_script_refuses_root(rendered):
 
 
 def test_a_profile_that_needs_patches_refuses_an_unpatched_verl(tmp_path, run_playbook):
-    me = pwd.getpwuid(os.getuid()).pw_name
-    host = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "ansible_become": False,
-        "conda_env_owner": me,
-        "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
-        "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
-        "gpu_preflight_profile": {**HOSTS["p40"], "needs_patches": True},
-        "verl_patches_record": {"state": "unpatched", "verl_version": "0.4.1", "profile": "pascal"},
-        "training_data_train_file": "/srv/train.parquet",
-        "training_data_test_file": "/srv/test.parquet",
-        "training_data_model_path": "/srv/model",
-        "launch_script_path": str(tmp_path / "train_gsm8k_ppo.sh"),
-    }
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
-    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    result = run_lone_host(
+        tmp_path,
+        run_playbook,
+        gpu_preflight_profile={**HOSTS["p40"], "needs_patches": True},
+        verl_patches_record={"state": "unpatched", "verl_version": "0.4.1", "profile": "pascal"},
+    )
     assert result.rc == 2
     assert any("needs verl's source patches" in f.message for f in result.failures), result.failures
     assert not (tmp_path / "train_gsm8k_ppo.sh").exists()

@@ -93,3 +93,27 @@ def test_the_lock_is_per_inventory_and_names_its_holder(tmp_path):
         holder.wait()
     with inventory_lock(lock_a, Path("/fleet/a.yml")) as mine:
         assert mine["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize(
+    ("argv", "recorded"),
+    [
+        (["p40fleet", "run", "-e", "hf_token=hf_SECRET", "-l", "node1"], "p40fleet run -e '<hidden>' -l node1"),
+        (["p40fleet", "run", "-ehf_token=hf_SECRET"], "p40fleet run '-e<hidden>'"),
+        (["p40fleet", "run", "--extra-vars", '{"t": "hf_SECRET"}'], "p40fleet run --extra-vars '<hidden>'"),
+        (["p40fleet", "run", "--extra-vars=t=hf_SECRET"], "p40fleet run '--extra-vars=<hidden>'"),
+        (
+            ["p40fleet", "run", "--extra=t=hf_SECRET", "--ex", "t=hf_SECRET"],
+            "p40fleet run '--extra=<hidden>' --ex '<hidden>'",
+        ),
+        (["p40fleet", "run", "-e", "@vault.yml", "-t", "apex"], "p40fleet run -e @vault.yml -t apex"),
+    ],
+)
+def test_the_lock_records_no_extra_vars_value(tmp_path, argv, recorded, monkeypatch):
+    # Issue 20: `p40fleet run -e token=...` left the token in the lock file's recorded command line.
+    monkeypatch.setattr(sys, "argv", argv)
+    with inventory_lock(tmp_path / "lock", tmp_path / "hosts.yml") as holder:
+        assert holder["command"] == recorded
+        text = (tmp_path / "lock").read_text()
+    assert "hf_SECRET" not in text
+    assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600

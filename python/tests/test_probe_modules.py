@@ -7,6 +7,7 @@ hold (quotes, triple quotes, backslashes, non-ASCII, newlines), and that a bad o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -60,8 +61,12 @@ def test_the_state_probe_reads_records_and_converges_with_awkward_inputs(stage):
     assert (rc, dry["recorded"], (root / "state").exists()) == (0, True, False)
     rc, recorded = run_module(FLEET_STATE_PROBE, {**common, "mode": "record", "stage": "cuda_toolkit"})
     assert (rc, recorded["recorded"]) == (0, True)
-    record = json.loads((root / "state" / "stages" / "cuda_toolkit.json").read_text())
-    assert record["inputs"]["cuda_toolkit_note"] == AWKWARD
+    record_file = root / "state" / "stages" / "cuda_toolkit.json"
+    record = json.loads(record_file.read_text())
+    # A digest of each input, never the value (issue 20), in a file root alone reads.
+    assert "inputs" not in record and AWKWARD not in record_file.read_text()
+    assert record["input_sha256"]["cuda_toolkit_note"] == hashlib.sha256(json.dumps(AWKWARD).encode()).hexdigest()
+    assert record_file.stat().st_mode & 0o777 == 0o600
     rc, again = run_module(FLEET_STATE_PROBE, common)
     assert (rc, again["gates"], again["converged"], "warnings" in again) == (0, {"cuda_toolkit": "none"}, True, False)
 

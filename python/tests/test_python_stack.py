@@ -141,7 +141,7 @@ def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged
     assert build["cc"] == "gcc" and int(build["max_jobs"]) >= 1
     cached = list(apex_cache.rglob("apex-*.whl"))
     assert len(cached) == 1
-    hashes = {h: sh(fleet, h, "sha256sum /opt/p40fleet/apex-wheels/*/apex-*.whl").stdout.split()[0] for h in HOSTS}
+    hashes = {h: sh(fleet, h, "sha256sum /var/lib/p40fleet/apex-wheels/*/apex-*.whl").stdout.split()[0] for h in HOSTS}
     assert len(set(hashes.values())) == 1
     modules = ", ".join(APEX_MODULES)
     load_all = f"import json, torch, {modules}; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import secrets
 import socket
 import subprocess
@@ -240,3 +241,30 @@ def test_a_gated_model_without_the_token_fails_with_the_hubs_error(data_env, hub
     )
     assert done.returncode != 0
     assert "GatedRepoError" in done.stderr or "401" in done.stderr
+
+
+def test_files_from_the_controller_reach_the_owners_directories_through_roots_staging(
+    tmp_path, run_playbook, hub, data_env
+):
+    # Issue 20: root copied the controller's files straight into the owner's directories (a planted link there
+    # redirected the write); they are staged in root's directory and copied on by the owner.
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
+        "training_data_python": str(data_env),
+        "training_data_root": str(tmp_path / "p40fleet"),
+        "training_data_dataset_source": "controller",
+        "training_data_dataset_local_path": str(hub["root"] / "datasets" / content.GSM8K_REPO),
+        "training_data_model_source": "controller",
+        "training_data_model_local_path": str(hub["root"] / "models" / content.MODEL_REPO),
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
+    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    assert result.rc == 0, result.stdout[-4000:]
+    root = tmp_path / "p40fleet"
+    assert (root / "data" / "gsm8k" / "train.parquet").is_file()
+    assert (root / "models" / "Qwen2.5-0.5B-Instruct" / "model.safetensors").is_file()
+    assert not (root / ".controller-staging").exists()

@@ -22,6 +22,8 @@ of the host's CPU where this costs about 20 ms. The options are checked here, as
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import glob
 import hashlib
 import json
@@ -118,7 +120,7 @@ def identity(path: str) -> dict | None:
         return {**found, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
     digest = hashlib.sha256()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = open_regular(path)
     except OSError as error:
         return {**found, "error": error.strerror}
     with os.fdopen(fd, "rb") as handle:
@@ -127,12 +129,79 @@ def identity(path: str) -> dict | None:
     return {**found, "sha256": digest.hexdigest()}
 
 
+def open_regular(path: str) -> int:
+    """A descriptor of a regular file, never through a final link and never blocking: a FIFO the env owner
+    planted opens at once (O_NONBLOCK) and is refused, as is anything else that is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def root_only(path: str) -> bool:
+    """Whether only root can change what path names: root owns it and no other account can write it."""
+    info = os.lstat(path)
+    return info.st_uid == 0 and not stat.S_IMODE(info.st_mode) & 0o022
+
+
+def safe_glob(pattern: str) -> list[str]:
+    """glob's matches, without following a directory link the env owner could have made: a wildcard never
+    descends into a link, and a named directory that is a link is followed only when root made it in a directory
+    only root can write (glob.glob follows every link, so a planted one made the probe hash files elsewhere)."""
+
+    def walk(base: str, parts: list[str]):
+        if not parts:
+            yield base
+            return
+        head, rest = parts[0], parts[1:]
+        if head == "**":
+            yield from walk(base, rest)
+            for name in sorted(listdir(base)):
+                if not name.startswith(".") and is_real_dir(os.path.join(base, name)):
+                    yield from walk(os.path.join(base, name), parts)
+        elif glob.has_magic(head):
+            for name in sorted(listdir(base)):
+                if name.startswith(".") and not head.startswith("."):
+                    continue
+                if fnmatch.fnmatchcase(name, head):
+                    path = os.path.join(base, name)
+                    if not rest:
+                        yield path
+                    elif is_real_dir(path):
+                        yield from walk(path, rest)
+        else:
+            path = os.path.join(base, head)
+            if not rest:
+                if os.path.lexists(path):
+                    yield path
+            elif is_real_dir(path) or (os.path.islink(path) and root_only(base) and os.lstat(path).st_uid == 0):
+                yield from walk(path, rest)
+
+    def listdir(path: str) -> list[str]:
+        # Only ever a real directory or a link admitted above.
+        try:
+            return os.listdir(path)
+        except OSError:
+            return []
+
+    def is_real_dir(path: str) -> bool:
+        try:
+            return stat.S_ISDIR(os.lstat(path).st_mode)
+        except OSError:
+            return False
+
+    absolute = pattern.startswith("/")
+    parts = [part for part in pattern.split("/") if part]
+    return list(dict.fromkeys(walk("/" if absolute else ".", parts)))
+
+
 def expand(patterns: list[str]) -> dict[str, dict | None]:
     """Every file a stage owns, globs expanded: path -> identity (None for a plain path that is absent)."""
     files: dict[str, dict | None] = {}
     for pattern in (os.path.expanduser(p) for p in patterns):
         if glob.has_magic(pattern):
-            for path in sorted(glob.glob(pattern, recursive=True)):
+            for path in sorted(safe_glob(pattern)):
                 files[path] = identity(path)
         else:
             files[pattern] = identity(pattern)
@@ -141,7 +210,7 @@ def expand(patterns: list[str]) -> dict[str, dict | None]:
 
 def read_text(path: str, limit: int = 4096) -> str | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = open_regular(path)
         with os.fdopen(fd, "rb") as handle:
             return handle.read(limit).decode("utf-8", errors="replace")
     except OSError:
@@ -150,7 +219,7 @@ def read_text(path: str, limit: int = 4096) -> str | None:
 
 def read_json(path: str):
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = open_regular(path)
         with os.fdopen(fd, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError):
@@ -176,6 +245,11 @@ def canonical_sha256(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def input_digests(inputs: dict) -> dict:
+    """Each input's sha256 (of its canonical JSON): what a record keeps, so it tells a change without the value."""
+    return {key: canonical_sha256(value) for key, value in inputs.items()}
+
+
 def record_path(state_dir: str, stage: str) -> str:
     return os.path.join(state_dir, "stages", f"{stage}.json")
 
@@ -189,7 +263,12 @@ def stage_drift(stage: str, spec: dict, found_files: dict, record: dict | None, 
     drift = [f"an unfinished earlier attempt left {path}" for path in spec.get("absent") or [] if identity(path)]
     if not isinstance(record, dict) or record.get("schema") != RECORD_SCHEMA:
         return [*drift, f"no record of a completed {stage} run (first run, or the last one stopped before its checks)"]
-    inputs = changed_keys(record.get("inputs") or {}, spec.get("inputs") or {})
+    # Records hold digests of the inputs, never their values (an index URL may carry credentials); a record of an
+    # earlier p40fleet holds the values in a 0644 file: the stage converges again and its record is rewritten.
+    if "input_sha256" not in record:
+        drift.append("its record holds the inputs' values (an earlier p40fleet wrote it): it is recorded again")
+    recorded_inputs = record.get("input_sha256") or input_digests(record.get("inputs") or {})
+    inputs = changed_keys(recorded_inputs, input_digests(spec.get("inputs") or {}))
     if inputs:
         drift.append(f"inputs changed since the last converge: {', '.join(inputs)}")
     recorded = record.get("files") or {}
@@ -282,7 +361,8 @@ def write_json(path: str, content: dict, check_mode: bool, compare_without: tupl
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(content, handle, indent=2, sort_keys=True)
             handle.write("\n")
-        os.chmod(tmp, 0o644)
+        # Root's bookkeeping, read by root alone.
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -302,7 +382,7 @@ def record(params: dict, check_mode: bool) -> dict:
         "schema": RECORD_SCHEMA,
         "stage": name,
         "at": now(),
-        "inputs": spec.get("inputs") or {},
+        "input_sha256": input_digests(spec.get("inputs") or {}),
         "files": expand(spec.get("files") or []),
         "packages": sorted(params["packages"]),
     }

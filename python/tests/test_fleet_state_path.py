@@ -1,0 +1,269 @@
+"""The privilege model's one enforcement point (roles/fleet_state/library/fleet_state_path.py), without hosts.
+
+Run as root on the test machine (as `make test` is), in a tree under pytest's tmp_path. `nobody` plays the env
+owner (the one non-root account root lets own directories); `daemon` plays any other account. Each case is an
+attack the env owner (or another account) can stage, and asserts the refusal names the path and what was found,
+and that nothing outside the tree changed owner, mode or content.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import threading
+
+import pytest
+
+from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
+
+path_module = load_module(REPO_ROOT / "roles" / "fleet_state" / "library" / "fleet_state_path.py", "fleet_state_path")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to other accounts needs root")
+
+OWNER = "nobody"
+OTHER = "daemon"
+OWNER_UID = pwd.getpwnam(OWNER).pw_uid
+OTHER_UID = pwd.getpwnam(OTHER).pw_uid
+
+
+def act(path, state="directory", owner="root", mode="0755", check_mode=False, **extra):
+    arguments = {"path": str(path), "state": state, "owner": owner, "trusted_owner": OWNER, "mode": mode, **extra}
+    if state == "absent":
+        arguments.pop("mode")
+    return path_module.run(path_module.options(arguments), check_mode)
+
+
+def refused(path, **kwargs) -> str:
+    with pytest.raises(path_module.Refused) as error:
+        act(path, **kwargs)
+    return str(error.value)
+
+
+def snapshot(path):
+    info = os.lstat(path)
+    with open(path, "rb") if stat.S_ISREG(info.st_mode) else open(os.devnull, "rb") as handle:
+        content = handle.read() if stat.S_ISREG(info.st_mode) else None
+    return info.st_uid, stat.S_IMODE(info.st_mode), content
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """root/ (root's, 0755), owned/ (the owner's, inside root/), a system file and a system directory."""
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    owned = root / "owned"
+    owned.mkdir(mode=0o755)
+    os.chown(owned, OWNER_UID, -1)
+    system = tmp_path / "system"
+    system.mkdir(mode=0o755)
+    (system / "sudoers").write_text("root ALL=(ALL) ALL\n")
+    os.chmod(system / "sudoers", 0o440)
+    return root, owned, system
+
+
+def test_an_owner_directory_is_made_in_roots_tree_and_a_rerun_changes_nothing(tree):
+    root, _, _ = tree
+    assert act(root / "data", owner=OWNER)["changed"]
+    info = os.lstat(root / "data")
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (OWNER_UID, pwd.getpwnam(OWNER).pw_gid, 0o755)
+    assert not act(root / "data", owner=OWNER)["changed"]
+
+
+def test_a_directory_swapped_for_a_symlink_is_refused_and_its_target_keeps_its_owner(tree):
+    # The issue's attack: /opt/p40fleet/data/gsm8k replaced by a link to /usr/local/sbin before a re-run.
+    _, owned, system = tree
+    before = snapshot(system)
+    os.symlink(system, owned / "gsm8k")
+    message = refused(owned / "gsm8k", owner=OWNER)
+    assert f"{owned}/gsm8k is a symlink owned by root" in message
+    assert snapshot(system) == before
+    # The same link as a parent component: nothing below it is made.
+    message = refused(owned / "gsm8k" / "raw", owner=OWNER)
+    assert f"{owned}/gsm8k is a symlink" in message and str(system) in message
+    assert not (system / "raw").exists()
+
+
+def test_an_owner_made_link_is_never_followed_even_where_root_could(tree):
+    root, _, system = tree
+    link = root / "link"
+    os.symlink(system, link)
+    os.chown(link, OWNER_UID, OWNER_UID, follow_symlinks=False)
+    message = refused(link / "x", owner=OWNER)
+    assert f"{link} is a symlink owned by {OWNER}" in message
+    assert not (system / "x").exists()
+
+
+def test_an_administrators_link_in_roots_tree_is_followed(tree):
+    root, _, system = tree
+    os.symlink(system, root / "admin-link")
+    result = act(root / "admin-link" / "made", owner=OWNER)
+    assert result["path"].endswith("/system/made")
+    assert os.lstat(system / "made").st_uid == OWNER_UID
+
+
+def test_a_staging_directory_another_account_made_first_is_refused(tmp_path):
+    # /var/tmp is root's and sticky: anyone may make /var/tmp/p40fleet first and then swap what root stages there.
+    sticky = tmp_path / "vartmp"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    staging = sticky / "p40fleet"
+    staging.mkdir()
+    os.chmod(staging, 0o777)
+    os.chown(staging, OTHER_UID, -1)
+    message = refused(staging, owner="root", mode="0700")
+    assert f"{staging} is a directory owned by {OTHER}, mode 0777" in message
+    assert os.lstat(staging).st_uid == OTHER_UID
+    # A link planted there instead.
+    os.rmdir(staging)
+    os.symlink(tmp_path, staging)
+    assert "is a symlink" in refused(staging, owner="root", mode="0700")
+    # Nothing there: root makes it first, 0700, and a re-run keeps it.
+    os.unlink(staging)
+    assert act(staging, owner="root", mode="0700")["changed"]
+    assert snapshot(staging)[:2] == (0, 0o700)
+    assert not act(staging, owner="root", mode="0700")["changed"]
+
+
+def test_a_staging_directory_of_root_that_others_can_write_is_refused(tmp_path):
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    os.chmod(staging, 0o777)
+    assert "writable by accounts other than root" in refused(staging, owner="root", mode="0700")
+
+
+def test_roots_directory_is_never_made_where_the_owner_controls_the_parent(tree):
+    _, owned, _ = tree
+    message = refused(owned / "state", owner="root", mode="0700")
+    assert f"{owned}/state: root's directory would be made in one the env owner controls" in message
+    assert not (owned / "state").exists()
+
+
+def test_a_parent_another_account_can_write_is_refused(tree):
+    root, _, _ = tree
+    shared = root / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o775)
+    os.chown(shared, 0, OTHER_UID)
+    assert f"{shared} is a directory owned by root, mode 0775" in refused(shared / "x", owner=OWNER)
+
+
+def test_a_directory_an_earlier_run_gave_the_owner_is_taken_back_only_when_asked(tree):
+    # /opt/p40fleet was the owner's before the privilege model: root takes it back, it does not chown what is in it.
+    _, owned, _ = tree
+    (owned / "inside").mkdir()
+    os.chown(owned / "inside", OWNER_UID, -1)
+    assert f"{owned} is a directory owned by {OWNER}" in refused(owned, owner="root")
+    assert act(owned, owner="root", reclaim=True)["changed"]
+    assert os.lstat(owned).st_uid == 0
+    assert os.lstat(owned / "inside").st_uid == OWNER_UID
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "directory", "foreign"])
+def test_a_file_written_into_the_owners_tree_refuses_what_the_owner_planted_there(tree, plant):
+    _, owned, system = tree
+    dest = owned / "pip.conf"
+    if plant == "symlink":
+        os.symlink(system / "sudoers", dest)
+        found = "a symlink owned by root"
+    elif plant == "fifo":
+        os.mkfifo(dest)
+        found = "a FIFO owned by root"
+    elif plant == "directory":
+        dest.mkdir()
+        found = "a directory owned by root"
+    else:
+        dest.write_text("x")
+        os.chown(dest, OTHER_UID, -1)
+        found = f"a regular file owned by {OTHER}"
+    before = snapshot(system / "sudoers")
+    # A FIFO opened without O_NONBLOCK would hang here: the refusal must come at once.
+    done = []
+    worker = threading.Thread(
+        target=lambda: done.append(refused(dest, state="file", owner=OWNER, content="[x]\n")), daemon=True
+    )
+    worker.start()
+    worker.join(10)
+    assert done, "the write hung on what was planted"
+    assert f"{dest} is {found}" in done[0]
+    if plant == "symlink":
+        assert f"to {system}/sudoers, where a regular file owned by {OWNER} belongs" in done[0]
+    assert snapshot(system / "sudoers") == before
+
+
+def test_a_file_is_written_whole_with_its_owner_and_mode_and_a_rerun_changes_nothing(tree):
+    _, owned, _ = tree
+    dest = owned / "token"
+    assert act(dest, state="file", owner=OWNER, mode="0600", content="hf_secret")["changed"]
+    assert snapshot(dest) == (OWNER_UID, 0o600, b"hf_secret")
+    assert not act(dest, state="file", owner=OWNER, mode="0600", content="hf_secret")["changed"]
+    assert act(dest, state="file", owner=OWNER, mode="0600", content_base64="aGZfbmV3")["changed"]
+    assert snapshot(dest) == (OWNER_UID, 0o600, b"hf_new")
+    assert sorted(os.listdir(owned)) == ["token"]
+
+
+def test_a_file_behind_a_linked_directory_is_refused(tree):
+    _, owned, system = tree
+    os.symlink(system, owned / "env")
+    message = refused(owned / "env" / "sudoers", state="file", owner=OWNER, content="owned\n")
+    assert f"{owned}/env is a symlink" in message
+    assert snapshot(system / "sudoers")[2] == b"root ALL=(ALL) ALL\n"
+
+
+def test_removing_a_planted_link_removes_the_link_not_its_target(tree):
+    _, owned, system = tree
+    os.symlink(system / "sudoers", owned / "token")
+    assert act(owned / "token", state="absent")["changed"]
+    assert not os.path.lexists(owned / "token")
+    assert (system / "sudoers").exists()
+    assert not act(owned / "token", state="absent")["changed"]
+    assert not act(owned / "missing-dir" / "token", state="absent")["changed"]
+
+
+def test_check_mode_changes_nothing(tree):
+    root, owned, _ = tree
+    assert act(root / "new", owner=OWNER, check_mode=True)["changed"]
+    assert not (root / "new").exists()
+    assert act(owned / "f", state="file", owner=OWNER, content="x", check_mode=True)["changed"]
+    assert not (owned / "f").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"path": "relative/dir", "mode": "0755"}, "is not an absolute path"),
+        ({"path": "/opt/../etc/sudoers.d", "mode": "0755"}, "has a '..' component"),
+        ({"path": "/opt/x", "mode": "0755", "owner": OTHER}, f"would belong to {OTHER}, who is neither root"),
+        ({"path": "/opt/x", "mode": "0755", "owner": "no-such-account-p40"}, "does not exist"),
+    ],
+)
+def test_paths_and_owners_outside_the_model_are_refused(arguments, message):
+    with pytest.raises(path_module.Refused, match=message.replace(".", r"\.")):
+        path_module.run(path_module.options({"trusted_owner": OWNER, **arguments}), True)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"path": "/x", "mode": "rwx"}, "option mode must be an octal mode"),
+        ({"path": "/x", "state": "file", "mode": "0644"}, "needs exactly one of content and content_base64"),
+        ({"path": "/x", "state": "link", "mode": "0644"}, "option state must be one of"),
+        ({"path": "/x", "mode": "0644", "force": True}, "unsupported option"),
+    ],
+)
+def test_bad_options_are_named(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        path_module.options(arguments)
+
+
+def test_an_env_owner_not_made_yet_is_trusted_with_nothing(tmp_path):
+    # Root's staging comes before conda_env makes the owner: root's directories are still made and checked.
+    arguments = {
+        "path": str(tmp_path / "staging"),
+        "owner": "root",
+        "trusted_owner": "no-such-account-p40",
+        "mode": "0700",
+    }
+    assert path_module.run(path_module.options(arguments), False)["changed"]
+    assert snapshot(tmp_path / "staging")[:2] == (0, 0o700)

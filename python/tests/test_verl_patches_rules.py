@@ -1,0 +1,72 @@
+"""verl_patches' lists for root (roles/verl_patches/filter_plugins/verl_patches.py), without hosts.
+
+Root copies pristine files into its state directory; the list it copies comes from the patch set on the
+controller, never from the probe the env owner's Python ran (issue 20: a forged `new_copies` with `..` through a
+link in the checkout wrote an owner file into /etc/sudoers.d/).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
+
+ROLE = REPO_ROOT / "roles" / "verl_patches"
+rules = load_module(ROLE / "filter_plugins" / "verl_patches.py", "verl_patches_filters")
+
+
+def patch_set(*files):
+    return {"id": "verl-0.4.1-test", "entries": [{"id": f"e{i}", "file": f} for i, f in enumerate(files)]}
+
+
+def test_every_shipped_patch_set_names_plain_relative_files():
+    for path in sorted((ROLE / "vars" / "main" / "patchsets").glob("*.yml")):
+        for value in yaml.safe_load(path.read_text()).values():
+            files = rules.verl_patches_root_files(value)
+            assert files, path
+            assert all(not f.startswith("/") and ".." not in f.split("/") for f in files)
+
+
+def test_root_files_are_the_patch_sets_own_sorted_once():
+    files = rules.verl_patches_root_files(patch_set("verl/b.py", "verl/a/x.py", "verl/b.py"))
+    assert files == ["verl/a/x.py", "verl/b.py"]
+
+
+@pytest.mark.parametrize(
+    "bad", ["/etc/sudoers.d/p40fleet", "verl/../../etc/sudoers.d/x", "verl//x.py", "./verl/x.py", "", "verl/.."]
+)
+def test_a_patch_set_file_outside_the_checkout_is_refused(bad):
+    with pytest.raises(AnsibleFilterError, match=r"entry e1 names the file .*plain paths relative"):
+        rules.verl_patches_root_files(patch_set("verl/ok.py", bad))
+
+
+def test_parent_directories_come_parents_first():
+    assert rules.verl_patches_parent_dirs(["verl/workers/fsdp.py", "verl/models/x/y.py", "top.py"]) == [
+        "verl",
+        "verl/models",
+        "verl/workers",
+        "verl/models/x",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("forged", "kept"),
+    [
+        # The probe's output is the owner's: what it adds is dropped, what it leaves out is only not copied.
+        (["verl/a.py", "../../../etc/sudoers.d/p40fleet"], ["verl/a.py"]),
+        (["verl/a.py/../../../../etc/shadow", "/etc/passwd"], []),
+        (["verl/b.py"], ["verl/b.py"]),
+        ("not a list", []),
+    ],
+)
+def test_a_forged_probe_list_cannot_name_a_file_the_patch_set_does_not(forged, kept):
+    files = rules.verl_patches_root_files(patch_set("verl/a.py", "verl/b.py"))
+    assert rules.verl_patches_only(forged if isinstance(forged, list) else [], files) == kept
+
+
+def test_a_forged_manifest_keeps_only_the_patch_sets_files():
+    files = ["verl/a.py"]
+    assert rules.verl_patches_only({"verl/a.py": "1" * 64, "../../etc/x": "2" * 64}, files) == {"verl/a.py": "1" * 64}

@@ -1,0 +1,413 @@
+#!/usr/bin/python3
+"""Root's one way to make a directory or write a file where the env owner could interfere (the privilege model).
+
+Every role asks this module, run as root, for a root-owned directory (state directory, staging), a directory the
+env owner owns (data, checkouts, wheels), a file written into either tree, or a file removed from it. It walks
+the path from / one component at a time through directory file descriptors, never following a link the env
+owner (or any account but root) could have made, and refuses, naming the host, the path and what it found, when:
+
+- a component is a symlink that is not root's own in a directory only root can write, or is not a directory;
+- a directory is writable by an account other than root and the env owner (group or other writable without the
+  sticky bit), or is owned by such an account;
+- a root-owned directory is asked for where the env owner controls the parent, or one already exists owned by
+  someone else (a /var/tmp/p40fleet made first by another account);
+- a file's destination is a symlink, a FIFO, a directory or anything but a regular file.
+
+What it writes goes to a new file in the opened parent directory (O_EXCL, O_NOFOLLOW), is chowned and chmoded
+through its descriptor and renamed over the destination: a link planted at the last moment is replaced, never
+followed. A plain script in Ansible's JSON-arguments module style, like the probes beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import pwd
+import stat
+import sys
+
+ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
+
+DOCUMENTATION = r"""
+module: fleet_state_path
+short_description: Make a directory or write or remove a file as root, refusing any path the env owner could steer.
+options:
+  path:
+    description: Absolute path of the directory or file.
+    type: path
+    required: true
+  state:
+    description: directory, file (write content) or absent (remove a file; never a directory).
+    type: str
+    choices: [directory, file, absent]
+    default: directory
+  owner:
+    description: Who owns the directory or file (root, or the env owner).
+    type: str
+    default: root
+  trusted_owner:
+    description: >-
+      The env owner: directories it owns may be walked through (their entries are then only ever opened without
+      following links). Every other non-root account is trusted with nothing.
+    type: str
+    default: root
+  mode:
+    description: Octal mode, e.g. "0755".
+    type: str
+    required: true
+  content:
+    description: The file's content (state file); never logged.
+    type: str
+  content_base64:
+    description: The file's content, base64 (state file), for bytes that are not text.
+    type: str
+  reclaim:
+    description: >-
+      A root-owned directory found owned by the trusted owner (left so by an earlier p40fleet) is taken back for
+      root instead of refused. Only for directories root made itself.
+    type: bool
+    default: false
+  host:
+    description: The host's inventory name, for messages.
+    type: str
+    default: this host
+"""
+
+FOLLOW_LIMIT = 40
+
+
+class Refused(Exception):
+    """A path root must not act on: the message names what was found and what to do."""
+
+
+class Missing(Refused):
+    """A parent that does not exist yet (in check mode: one an earlier task of the run would have made)."""
+
+
+def describe(info: os.stat_result, name: str = "") -> str:
+    """What a path is, for a message: its type, owner and mode."""
+    try:
+        owner = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        owner = f"uid {info.st_uid}"
+    kind = (
+        "a symlink"
+        if stat.S_ISLNK(info.st_mode)
+        else "a directory"
+        if stat.S_ISDIR(info.st_mode)
+        else "a regular file"
+        if stat.S_ISREG(info.st_mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(info.st_mode)
+        else "a special file"
+    )
+    return f"{kind} owned by {owner}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
+def authority(info: os.stat_result, trusted_uid: int) -> str:
+    """Who can change a directory's entries: root (root alone), sticky (root-owned, world-writable with the
+    sticky bit: only root's own entries are root's), owner (the trusted owner) or other (anyone else)."""
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid == 0 and not mode & 0o022:
+        return "root"
+    if info.st_uid == 0 and mode & stat.S_ISVTX:
+        return "sticky"
+    if info.st_uid == trusted_uid and trusted_uid != 0 and not mode & 0o022:
+        return "owner"
+    return "other"
+
+
+def child_authority(parent: str, info: os.stat_result, trusted_uid: int) -> str:
+    """The authority over a directory reached from a parent of the given authority."""
+    own = authority(info, trusted_uid)
+    if own == "other":
+        return "other"
+    if parent == "root":
+        return own
+    if parent == "sticky":
+        # Anyone can make an entry in a sticky directory first: only root's own entries are root's.
+        return own if info.st_uid == 0 else "other"
+    # Under the owner's directory the owner can rename anything in place: nothing below is more than the owner's.
+    return "owner"
+
+
+def split(path: str) -> list[str]:
+    if not os.path.isabs(path):
+        raise Refused(f"{path} is not an absolute path")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise Refused(f"{path} has a '..' component")
+    return parts
+
+
+def open_parent(path: str, trusted_uid: int) -> tuple[int, str, str, str]:
+    """Open the directory holding path's last component, checking every component from / on the way.
+
+    Returns (fd, last name, authority over that directory, the real path walked). Root-owned links in
+    directories only root can write (an administrator's, such as /var/run) are followed and checked in turn."""
+    parts = split(path)
+    if not parts:
+        raise Refused("/ is not a path p40fleet manages")
+    follows = 0
+    while True:
+        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+        walked, level, restart = "", "root", None
+        try:
+            for index, name in enumerate(parts[:-1]):
+                here = f"{walked}/{name}"
+                try:
+                    info = os.lstat(name, dir_fd=fd)
+                except FileNotFoundError:
+                    raise Missing(f"{here} does not exist (its parent of {path} must be made first)") from None
+                if stat.S_ISLNK(info.st_mode):
+                    if level != "root" or info.st_uid != 0 or follows >= FOLLOW_LIMIT:
+                        raise Refused(f"{here} is {describe(info)} to {os.readlink(name, dir_fd=fd)}")
+                    follows += 1
+                    target = os.readlink(name, dir_fd=fd)
+                    base = target if target.startswith("/") else f"{walked}/{target}"
+                    restart = [*split(os.path.normpath(base)), *parts[index + 1 :]]
+                    break
+                if not stat.S_ISDIR(info.st_mode):
+                    raise Refused(f"{here} is {describe(info)}, not a directory")
+                level = child_authority(level, info, trusted_uid)
+                if level == "other":
+                    raise Refused(f"{here} is {describe(info)}: an account root does not trust can change it")
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                opened = os.fstat(child)
+                os.close(fd)
+                fd = child
+                if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                    raise Refused(f"{here} changed while it was being checked")
+                walked = here
+        except BaseException:
+            os.close(fd)
+            raise
+        if restart is None:
+            return fd, parts[-1], level, f"{walked}/{parts[-1]}"
+        os.close(fd)
+        parts = restart
+
+
+def found_at(fd: int, name: str, info: os.stat_result) -> str:
+    """What a directory entry is, a link with its target."""
+    text = describe(info)
+    return f"{text} to {os.readlink(name, dir_fd=fd)}" if stat.S_ISLNK(info.st_mode) else text
+
+
+def lstat_at(fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.lstat(name, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+
+
+def ensure_directory(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> dict:
+    path, mode = params["path"], params["mode"]
+    fd, name, level, real = open_parent(path, trusted_uid)
+    try:
+        if uid == 0 and level not in ("root", "sticky"):
+            raise Refused(f"{real}: root's directory would be made in one the env owner controls ({level})")
+        info = lstat_at(fd, name)
+        changed = info is None
+        if info is None:
+            if check_mode:
+                return {"changed": True, "path": real}
+            # A sticky parent: someone may make the name first; mkdir then fails and nothing is followed.
+            os.mkdir(name, 0o700, dir_fd=fd)
+            info = os.lstat(name, dir_fd=fd)
+        if not stat.S_ISDIR(info.st_mode):
+            raise Refused(f"{real} is {found_at(fd, name, info)}, not a directory")
+        wanted, group = uid, gid_of(uid)
+        if uid == 0 and not changed and stat.S_IMODE(info.st_mode) & 0o022 and not params["reclaim"]:
+            # Whoever could write it may have left anything inside.
+            raise Refused(f"{real} is {describe(info)}: writable by accounts other than root")
+        if info.st_uid != uid:
+            # Root's own directory handed to the owner, or one an earlier p40fleet gave the owner taken back.
+            handed = uid != 0 and info.st_uid == 0
+            reclaimed = uid == 0 and params["reclaim"] and info.st_uid == trusted_uid and level == "root"
+            takeable = handed or reclaimed
+            if not takeable:
+                raise Refused(
+                    f"{real} is {found_at(fd, name, info)}, where a directory owned by {params['owner']} belongs"
+                )
+        target = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        try:
+            opened = os.fstat(target)
+            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                raise Refused(f"{real} changed while it was being checked")
+            if (opened.st_uid, opened.st_gid) != (wanted, group):
+                changed = True
+                if not check_mode:
+                    os.fchown(target, wanted, group)
+            if stat.S_IMODE(opened.st_mode) != mode:
+                changed = True
+                if not check_mode:
+                    os.fchmod(target, mode)
+        finally:
+            os.close(target)
+        return {"changed": changed, "path": real}
+    finally:
+        os.close(fd)
+
+
+def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> dict:
+    path, mode, data = params["path"], params["mode"], params["data"]
+    fd, name, _, real = open_parent(path, trusted_uid)
+    try:
+        info = lstat_at(fd, name)
+        if info is not None:
+            if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, uid):
+                raise Refused(
+                    f"{real} is {found_at(fd, name, info)}, where a regular file owned by {params['owner']} belongs"
+                )
+            current = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+            with os.fdopen(current, "rb") as handle:
+                opened = os.fstat(handle.fileno())
+                same = (
+                    stat.S_ISREG(opened.st_mode)
+                    and opened.st_uid == uid
+                    and stat.S_IMODE(opened.st_mode) == mode
+                    and opened.st_size == len(data)
+                    and handle.read(len(data) + 1) == data
+                )
+            if same:
+                return {"changed": False, "path": real}
+        if check_mode:
+            return {"changed": True, "path": real}
+        temp = f".{name}.p40fleet-{os.getpid()}"
+        handle_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+        try:
+            with os.fdopen(handle_fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fchown(handle.fileno(), uid, gid_of(uid))
+                os.fchmod(handle.fileno(), mode)
+                os.fsync(handle.fileno())
+            os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=fd)
+            raise
+        return {"changed": True, "path": real}
+    finally:
+        os.close(fd)
+
+
+def ensure_absent(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> dict:
+    try:
+        fd, name, _, real = open_parent(params["path"], trusted_uid)
+    except Missing:
+        # A parent that does not exist holds no file.
+        return {"changed": False, "path": params["path"]}
+    try:
+        info = lstat_at(fd, name)
+        if info is None:
+            return {"changed": False, "path": real}
+        if stat.S_ISDIR(info.st_mode):
+            raise Refused(f"{real} is {describe(info)}, where a file was to be removed")
+        # unlink removes the name, never what a link points at.
+        if not check_mode:
+            os.unlink(name, dir_fd=fd)
+        return {"changed": True, "path": real}
+    finally:
+        os.close(fd)
+
+
+STATES = {"directory": ensure_directory, "file": ensure_file, "absent": ensure_absent}
+OPTIONS = {
+    "path": ((str,), None),
+    "state": ((str,), "directory"),
+    "owner": ((str,), "root"),
+    "trusted_owner": ((str,), "root"),
+    "mode": ((str, type(None)), None),
+    "content": ((str, type(None)), None),
+    "content_base64": ((str, type(None)), None),
+    "reclaim": ((bool,), False),
+    "host": ((str,), "this host"),
+}
+
+
+def gid_of(uid: int) -> int:
+    """The primary group of an account (root's is 0)."""
+    return 0 if uid == 0 else pwd.getpwuid(uid).pw_gid
+
+
+def uid_of(name: str) -> int:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise Refused(f"the account {name!r} does not exist") from None
+
+
+def options(arguments: dict) -> dict:
+    """The task's options with their defaults; a bad option is a ValueError naming it."""
+    unknown = sorted(key for key in arguments if not key.startswith("_ansible_") and key not in OPTIONS)
+    if unknown:
+        raise ValueError(f"unsupported option(s) {', '.join(unknown)}; supported: {', '.join(OPTIONS)}")
+    params = {}
+    for key, (types, default) in OPTIONS.items():
+        value = arguments.get(key)
+        value = default if value is None else value
+        if value is not None and not isinstance(value, types):
+            raise ValueError(f"option {key} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+        params[key] = value
+    if not params["path"]:
+        raise ValueError("option path is required")
+    if params["state"] not in STATES:
+        raise ValueError(f"option state must be one of {', '.join(STATES)}, got {params['state']!r}")
+    if params["state"] != "absent":
+        try:
+            params["mode"] = int(params["mode"] or "", 8)
+        except ValueError:
+            raise ValueError(f"option mode must be an octal mode like 0755, got {params['mode']!r}") from None
+    if params["state"] == "file":
+        if (params["content"] is None) == (params["content_base64"] is None):
+            raise ValueError("state file needs exactly one of content and content_base64")
+        params["data"] = (
+            params["content"].encode() if params["content"] is not None else base64.b64decode(params["content_base64"])
+        )
+    return params
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    uid = uid_of(params["owner"])
+    try:
+        trusted = uid_of(params["trusted_owner"])
+    except Refused:
+        # Not made yet (conda_env makes it, after the stages that stage root's downloads): nobody is trusted.
+        trusted = -1
+    if uid not in (0, trusted):
+        raise Refused(f"{params['path']} would belong to {params['owner']}, who is neither root nor the env owner")
+    try:
+        return STATES[params["state"]](params, uid, trusted, check_mode)
+    except Missing:
+        if check_mode:
+            return {"changed": True, "path": params["path"]}
+        raise
+
+
+def main() -> None:
+    arguments = json.loads(ARGUMENTS)
+    check_mode = bool(arguments.get("_ansible_check_mode"))
+    host = str(arguments.get("host", "this host"))
+    try:
+        params = options(arguments)
+        result = run(params, check_mode)
+    except Refused as error:
+        result = {
+            "failed": True,
+            "msg": f"{host}: {error}. Root left it as it was. Remove or fix what is named (as root), then rerun.",
+        }
+    except (ValueError, OSError) as error:
+        result = {"failed": True, "msg": f"{host}: fleet_state_path could not act on {arguments.get('path')}: {error}"}
+    result["invocation"] = {
+        "module_args": {k: v for k, v in arguments.items() if k not in ("content", "content_base64")}
+    }
+    print(json.dumps(result))
+    sys.exit(1 if result.get("failed") else 0)
+
+
+if __name__ == "__main__":
+    main()
