@@ -74,6 +74,13 @@ LOGIN_MODES = ("sudo", "sudo-password", "root")
 DEFAULT_LOGIN = "sudo"
 
 SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
+# The hosts have no systemd: a stand-in service manager (python/tests/fixtures/standins/host/systemd/, its
+# header says what it reproduces) starts with the host, as systemd would at boot, and answers `systemctl`.
+STANDIN_SYSTEMD_DIR = "/opt/p40fleet-sandbox/systemd"
+HOST_COMMAND = (
+    f"ln -sf {STANDIN_SYSTEMD_DIR}/standin_systemd.py /usr/local/sbin/systemctl && "
+    f"(python3 {STANDIN_SYSTEMD_DIR}/standin_systemd.py boot >/dev/null 2>&1 &) && {SSHD_COMMAND}"
+)
 
 
 class SandboxError(RuntimeError):
@@ -531,11 +538,13 @@ class Sandbox:
             f"{APT_HOSTNAME}:{mirror}",
             "-v",
             f"{self.dir / 'authorized_keys'}:{home}/.ssh/authorized_keys:ro",
+            "-v",
+            f"{host_standins() / 'systemd'}:{STANDIN_SYSTEMD_DIR}:ro",
             *mounts,
             image,
             "sh",
             "-c",
-            SSHD_COMMAND,
+            HOST_COMMAND,
         )
         if login != "root":
             rule = "ALL" if login == "sudo-password" else "NOPASSWD: ALL"
