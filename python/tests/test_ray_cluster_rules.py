@@ -171,3 +171,61 @@ def test_readiness_refuses_what_is_not_a_node_list(text, reason):
 )
 def test_restarts(host, changed, active, head_restarted, action):
     assert RULES.ray_cluster_restarts(PLAN, host, changed, active, head_restarted)["action"] == action
+
+
+def job(job_id, status, start):
+    return {
+        "type": "SUBMISSION",
+        "job_id": None,
+        "submission_id": job_id,
+        "status": status,
+        "entrypoint": "python x.py",
+        "start_time": start,
+        "message": "",
+        "metadata": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodes", "jobs", "alive", "last", "error"),
+    [
+        (HEALTHY, [job("j1", "SUCCEEDED", 10), job("j2", "FAILED", 20)], [True, True, True], ("j2", "FAILED"), ""),
+        (HEALTHY[:2], [], [True, True, False], None, ""),
+        (HEALTHY, "Traceback", [True, True, True], None, "Ray's job list could not be read (not JSON"),
+        ([], [{"submission_id": "j1", "status": "DONE"}], [False, False, False], None, "lacks an id or a known status"),
+        (
+            "",
+            [job("j1", "RUNNING", None)],
+            [False, False, False],
+            ("j1", "RUNNING"),
+            "Ray's node list could not be read",
+        ),
+    ],
+)
+def test_status(nodes, jobs, alive, last, error):
+    nodes_text = nodes if isinstance(nodes, str) else json.dumps(nodes)
+    jobs_text = jobs if isinstance(jobs, str) else json.dumps(jobs)
+    status = RULES.ray_cluster_status(nodes_text, jobs_text, PLAN)
+    assert [m["alive"] for m in status["members"]] == alive
+    assert [m["head"] for m in status["members"]] == [True, False, False]
+    assert status["gpus"] == sum(alive) and status["gpus_wanted"] == 3
+    assert (status["last_job"]["id"], status["last_job"]["status"]) == last if last else status["last_job"] is None
+    assert error in status["error"] if error else status["error"] == ""
+
+
+def test_cluster_status_reads_the_heads_published_status():
+    from p40fleet.cluster import statuses
+
+    published = RULES.ray_cluster_status(json.dumps(HEALTHY), "[]", PLAN)
+    events = [
+        {
+            "event": "runner_on_ok",
+            "event_data": {"host": "a", "res": {"ansible_facts": {"ray_cluster_status": published}}},
+        },
+        {"event": "runner_on_ok", "event_data": {"host": "b", "res": {"ansible_facts": {"other": 1}}}},
+        {
+            "event": "runner_on_failed",
+            "event_data": {"host": "d", "res": {"ansible_facts": {"ray_cluster_status": {}}}},
+        },
+    ]
+    assert statuses(events) == {"c1": published}

@@ -199,6 +199,76 @@ def ray_cluster_restarts(plan, host, files_changed, active, head_restarted):
     return {"action": "none", "why": "healthy and unchanged"}
 
 
+JOB_STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
+
+
+def ray_cluster_jobs(text):
+    """Parse `ray list jobs --format json` strictly: [{id, status, entrypoint, start_time}], oldest first."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise RayClusterError(f"not JSON: {error}") from None
+    if not isinstance(data, list):
+        raise RayClusterError(f"a list of jobs was expected, got {type(data).__name__}")
+    jobs = []
+    for entry in data:
+        if not isinstance(entry, dict):
+            raise RayClusterError("a job entry is not an object")
+        job_id = entry.get("submission_id") or entry.get("job_id")
+        status, started = entry.get("status"), entry.get("start_time")
+        if not isinstance(job_id, str) or status not in JOB_STATES:
+            raise RayClusterError(f"a job entry lacks an id or a known status: {entry!r:.200}")
+        if started is not None and (isinstance(started, bool) or not isinstance(started, int)):
+            raise RayClusterError(f"job {job_id}: start_time is not a number")
+        entrypoint = entry.get("entrypoint")
+        jobs.append(
+            {
+                "id": job_id,
+                "status": status,
+                "entrypoint": entrypoint if isinstance(entrypoint, str) else "",
+                "start_time": started or 0,
+            }
+        )
+    return sorted(jobs, key=lambda job: job["start_time"])
+
+
+def ray_cluster_status(nodes_text, jobs_text, plan):
+    """What `p40fleet cluster status` shows: each member alive or not with its GPUs, nodes alive that are no
+    member, and the last job with its state. Either list unreadable: said in `error`, the rest still shown."""
+    errors = []
+    try:
+        nodes = ray_cluster_nodes(nodes_text)
+    except RayClusterError as error:
+        nodes = []
+        errors.append(f"Ray's node list could not be read ({error})")
+    try:
+        jobs = ray_cluster_jobs(jobs_text)
+    except RayClusterError as error:
+        jobs = []
+        errors.append(f"Ray's job list could not be read ({error})")
+    alive = {n["name"]: n for n in nodes if n["alive"]}
+    members = [
+        {
+            "name": name,
+            "alive": name in alive,
+            "gpus": alive[name]["gpus"] if name in alive else 0,
+            "ip": alive[name]["ip"] if name in alive else "",
+            "head": name == plan["head"],
+        }
+        for name in plan["members"]
+    ]
+    return {
+        "cluster": plan["cluster"],
+        "head": plan["head"],
+        "members": members,
+        "strays": sorted(n for n in alive if n not in plan["members"]),
+        "gpus": sum(m["gpus"] for m in members),
+        "gpus_wanted": plan["nnodes"] * plan["gpus_per_node"],
+        "last_job": jobs[-1] if jobs else None,
+        "error": "; ".join(errors),
+    }
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -206,4 +276,5 @@ class FilterModule:
             "ray_cluster_interface": ray_cluster_interface,
             "ray_cluster_readiness": ray_cluster_readiness,
             "ray_cluster_restarts": ray_cluster_restarts,
+            "ray_cluster_status": ray_cluster_status,
         }
