@@ -191,6 +191,9 @@ def job(job_id, status, start):
     [
         (HEALTHY, [job("j1", "SUCCEEDED", 10), job("j2", "FAILED", 20)], [True, True, True], ("j2", "FAILED"), ""),
         (HEALTHY[:2], [], [True, True, False], None, ""),
+        # Ray 2.47 prints this, not [], when it has no job (seen on the controller with the lock's ray).
+        (HEALTHY, "No resource in the cluster\n", [True, True, True], None, ""),
+        (HEALTHY, "No resource in the cluster, sorry", [True, True, True], None, "Ray's job list could not be read"),
         (HEALTHY, "Traceback", [True, True, True], None, "Ray's job list could not be read (not JSON"),
         ([], [{"submission_id": "j1", "status": "DONE"}], [False, False, False], None, "lacks an id or a known status"),
         (

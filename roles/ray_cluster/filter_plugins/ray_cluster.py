@@ -17,6 +17,19 @@ class RayClusterError(ValueError):
     """Ray's answer is not the data it should be."""
 
 
+# What `ray list ... --format=json` of Ray 2.47 prints instead of `[]` when there is nothing to list.
+NOTHING_LISTED = "No resource in the cluster"
+
+
+def _listed(text):
+    if isinstance(text, str) and text.strip() == NOTHING_LISTED:
+        return []
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise RayClusterError(f"not JSON: {error}") from None
+
+
 def ray_cluster_plan(members, cluster, head="", reached=None):
     """The plan of one cluster.
 
@@ -105,10 +118,7 @@ def _describe(interfaces):
 def ray_cluster_nodes(text):
     """Parse `ray list nodes --format json` strictly (it is the owner's process talking: untrusted data).
     Returns [{name, ip, alive, gpus, head}]; raises on anything else."""
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError) as error:
-        raise RayClusterError(f"not JSON: {error}") from None
+    data = _listed(text)
     if not isinstance(data, list):
         raise RayClusterError(f"a list of nodes was expected, got {type(data).__name__}")
     nodes = []
@@ -204,10 +214,7 @@ JOB_STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
 
 def ray_cluster_jobs(text):
     """Parse `ray list jobs --format json` strictly: [{id, status, entrypoint, start_time}], oldest first."""
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError) as error:
-        raise RayClusterError(f"not JSON: {error}") from None
+    data = _listed(text)
     if not isinstance(data, list):
         raise RayClusterError(f"a list of jobs was expected, got {type(data).__name__}")
     jobs = []
