@@ -267,6 +267,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from p40fleet import cluster
+
+    inventory = Path(args.inventory)
+    if not inventory.exists():
+        console.out(f"p40fleet: inventory {inventory} not found")
+        return EXIT_ERROR
+    try:
+        run, clusters = cluster.cluster_status(inventory, become_password_file=args.become_password_file)
+    except RunError as error:
+        console.out(f"p40fleet: {error}", highlight=False)
+        return EXIT_ERROR
+    cluster.print_status(Console(highlight=False), clusters)
+    if args.json:
+        cluster.write_json(clusters, args.json)
+    if run.rc != 0:
+        return exit_code_for(run)
+    complete = all(m["alive"] for c in clusters.values() for m in c["members"])
+    return EXIT_OK if complete and not any(c.get("error") for c in clusters.values()) else EXIT_HOSTS_FAILED
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
     path = fetch_upstream()
     console.print(f"Upstream fixtures in {path}")
@@ -429,6 +450,14 @@ def parser() -> argparse.ArgumentParser:
     setp.add_argument("host")
     setp.add_argument("profile")
     sandbox.set_defaults(func=cmd_sandbox)
+
+    cluster = sub.add_parser("cluster", help="Ray clusters across hosts (playbooks/cluster.yml forms them)")
+    csub = cluster.add_subparsers(dest="cluster_command", required=True)
+    cstatus = csub.add_parser("status", help="members, GPUs, alive or not, the last job and its state (read-only)")
+    cstatus.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    cstatus.add_argument("--json", type=Path, help="write the status as JSON here (schema p40fleet.cluster-status/v1)")
+    cstatus.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
+    cluster.set_defaults(func=cmd_cluster)
 
     fixtures = sub.add_parser("fixtures", help="fetch the real upstream files the tests use (PyPI)")
     fixtures.set_defaults(func=cmd_fixtures)

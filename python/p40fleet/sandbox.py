@@ -78,6 +78,14 @@ LOGIN_MODES = ("sudo", "sudo-password", "root")
 DEFAULT_LOGIN = "sudo"
 
 SSHD_COMMAND = "ssh-keygen -A >/dev/null && mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e"
+# The hosts have no systemd: where a sandbox asks for services (Sandbox.up(services=True), the Ray cluster tests), a
+# stand-in service manager (python/tests/fixtures/standins/host/systemd/, its header says what it reproduces)
+# starts with the host, as systemd would at boot, and answers `systemctl`. Other sandboxes' hosts have neither.
+STANDIN_SYSTEMD_DIR = "/opt/p40fleet-sandbox/systemd"
+SERVICES_HOST_COMMAND = (
+    f"ln -sf {STANDIN_SYSTEMD_DIR}/standin_systemd.py /usr/local/sbin/systemctl && "
+    f"(python3 {STANDIN_SYSTEMD_DIR}/standin_systemd.py boot >/dev/null 2>&1 &) && {SSHD_COMMAND}"
+)
 
 
 class SandboxError(RuntimeError):
@@ -376,6 +384,8 @@ class Host:
     os: str = DEFAULT_OS
     # Size-limited filesystems mounted in the host ({path: size}, e.g. {"/srv/small": "64m"}).
     tmpfs: dict[str, str] = field(default_factory=dict)
+    # Whether the stand-in service manager runs on the host (Sandbox.up(services=True)).
+    services: bool = False
 
 
 class Sandbox:
@@ -426,13 +436,15 @@ class Sandbox:
         login: str = DEFAULT_LOGIN,
         os_name: str = DEFAULT_OS,
         tmpfs: Mapping[str, Mapping[str, str]] | None = None,
+        services: bool = False,
     ) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
         profiles, login, OS and mounts is kept as it is, any other is replaced. `login` is how Ansible logs
         in: `sudo` (the ordinary user `ops`, password-less sudo), `sudo-password` (ops, sudo asks for
         the password in become_password_file) or `root`. `os_name` is a key of OS_RELEASES. `tmpfs` gives
         hosts small filesystems of their own, {host name: {path: size}}: a disk that is too small or fills up,
-        without touching the build machine's disk."""
+        without touching the build machine's disk. `services` starts the stand-in service manager on every host
+        (`systemctl` answers there), for roles that run systemd units."""
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         if os_name not in OS_RELEASES:
@@ -453,8 +465,8 @@ class Sandbox:
                 if not path.startswith("/") or "," in path or not size.rstrip("kmg").isdigit():
                     raise SandboxError(f"tmpfs {path}={size}: use an absolute path and a size like 64m")
         current = self.hosts()
-        wanted = [(p, login, os_name, tmpfs.get(n, {})) for p, n in zip(profiles, names, strict=True)]
-        if [(h.profile, h.login, h.os, h.tmpfs) for h in current] == wanted and self._running(current):
+        wanted = [(p, login, os_name, tmpfs.get(n, {}), services) for p, n in zip(profiles, names, strict=True)]
+        if [(h.profile, h.login, h.os, h.tmpfs, h.services) for h in current] == wanted and self._running(current):
             return current
         self.down()
         image = ensure_image(os_name)
@@ -469,7 +481,7 @@ class Sandbox:
         _wait_for_port(mirror, APT_PORT)
         hosts = []
         for name, profile in zip(names, profiles, strict=True):
-            hosts.append(self._start_host(image, name, profile, login, os_name, mirror, tmpfs.get(name, {})))
+            hosts.append(self._start_host(image, name, profile, login, os_name, mirror, tmpfs.get(name, {}), services))
         self._save_hosts(hosts)
         for host in hosts:
             self.set_profile(host.name, host.profile)
@@ -551,7 +563,15 @@ class Sandbox:
         )
 
     def _start_host(
-        self, image: str, name: str, profile: str, login: str, os_name: str, mirror: str, tmpfs: dict[str, str]
+        self,
+        image: str,
+        name: str,
+        profile: str,
+        login: str,
+        os_name: str,
+        mirror: str,
+        tmpfs: dict[str, str],
+        services: bool = False,
     ) -> Host:
         container = f"{PODMAN_PREFIX}-{self.name}-{name}"
         home = "/root" if login == "root" else f"/home/{LOGIN_USER}"
@@ -572,11 +592,12 @@ class Sandbox:
             f"{APT_HOSTNAME}:{mirror}",
             "-v",
             f"{self.dir / 'authorized_keys'}:{home}/.ssh/authorized_keys:ro",
+            *(["-v", f"{host_standins() / 'systemd'}:{STANDIN_SYSTEMD_DIR}:ro"] if services else []),
             *mounts,
             image,
             "sh",
             "-c",
-            SSHD_COMMAND,
+            SERVICES_HOST_COMMAND if services else SSHD_COMMAND,
         )
         if login != "root":
             rule = "ALL" if login == "sudo-password" else "NOPASSWD: ALL"
@@ -604,6 +625,7 @@ class Sandbox:
             login=login,
             os=os_name,
             tmpfs=tmpfs,
+            services=services,
         )
 
     def _address(self, container: str) -> str:

@@ -40,7 +40,8 @@ _sandboxes: dict[str, Sandbox] = {}
 
 @pytest.fixture(scope="session")
 def make_sandbox():
-    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None) -> a running Sandbox;
+    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None, services=False) -> a running
+    Sandbox (services: the stand-in service manager answers systemctl on its hosts);
     removed at the end of the session."""
 
     def make(
@@ -49,9 +50,10 @@ def make_sandbox():
         login: str = DEFAULT_LOGIN,
         os_name: str = DEFAULT_OS,
         tmpfs: dict[str, dict[str, str]] | None = None,
+        services: bool = False,
     ) -> Sandbox:
         sandbox = Sandbox(f"pytest-{name}")
-        sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs)
+        sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services)
         _sandboxes[sandbox.name] = sandbox
         return sandbox
 

@@ -1,0 +1,197 @@
+"""Ray clusters across sandbox hosts, for real: the verl lock's Ray in each host's env, started by the
+ray_cluster role under the stand-in service manager (python/tests/fixtures/standins/host/systemd/: the
+sandbox hosts have no systemd), over the sandbox network. CPU only: the GPUs Ray counts are the ones each
+host's profile declares (--num-gpus), no GPU work runs.
+
+One fleet of four P40 hosts, converged once up to the verl stage (Ray comes with verl's lock); node1 to
+node3 form cluster `demo`, node4 joins later. The tests run in order and build on each other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from p40fleet.cluster import statuses
+
+pytestmark = pytest.mark.sandbox
+
+OWNER = "p40fleet"
+RAY = "/opt/miniconda3/envs/verl-env/bin/ray"
+# What Ray needs on a 2-core machine shared by four hosts: a small object store (the containers' /dev/shm is
+# 64 MB; Ray then uses /tmp) and patience while four nodes start.
+SANDBOX_VARS = "---\nray_cluster_object_store_memory: 100000000\nray_cluster_ready_timeout: 240\n"
+
+
+@pytest.fixture(scope="module")
+def fleet(make_sandbox, run_playbook):
+    fleet = make_sandbox("ray", ["p40", "p40", "p40", "p40"], services=True)
+    converged = run_playbook("site.yml", fleet.inventory_dir, tags="host_prereqs,conda_env,pytorch,verl")
+    assert converged.rc == 0, converged.failures
+    host_vars = fleet.inventory_dir / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (fleet.inventory_dir / "group_vars" / "all.yml").write_text(SANDBOX_VARS)
+    fleet.join = lambda host, cluster="demo": (host_vars / f"{host}.yml").write_text(
+        f"---\np40fleet_cluster: {cluster}\n"
+    )
+    fleet.leave = lambda host: (host_vars / f"{host}.yml").unlink()
+    fleet.cluster = lambda **kw: run_playbook("playbooks/cluster.yml", fleet.inventory_dir, **kw)
+    for host in ("node1", "node2", "node3"):
+        fleet.join(host)
+    return fleet
+
+
+def main_pid(fleet, host):
+    return fleet.exec(host, "systemctl show -p MainPID --value p40fleet-ray").stdout.strip()
+
+
+def alive_nodes(fleet):
+    """{node name: GPUs} of the alive nodes, from Ray's state API on the head, as the env owner."""
+    listing = fleet.exec(
+        "node1",
+        f"{RAY} list nodes --format=json --limit=1000 --address=http://$(grep -oP '(?<=HEAD_ADDRESS=)[0-9.]+' "
+        f"/etc/p40fleet/ray/ray.env):8265",
+        user=OWNER,
+    )
+    assert listing.returncode == 0, listing.stderr
+    return {
+        n["node_name"]: n["resources_total"].get("GPU", 0) for n in json.loads(listing.stdout) if n["state"] == "ALIVE"
+    }
+
+
+def listening_addresses(fleet, host, port):
+    """The addresses a TCP port listens on in a host (/proc/net/tcp: LISTEN is state 0A), the fleet's by name."""
+    table = fleet.exec(host, "cat /proc/net/tcp").stdout.splitlines()[1:]
+    found = set()
+    for line in table:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            ip = ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0))
+            found.add(f"{host} fleet address" if ip == fleet.host(host).address else ip)
+    return found
+
+
+def wait_for(fleet, expected, timeout=180):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = alive_nodes(fleet)
+        except AssertionError:
+            found = None
+        if found == expected or time.monotonic() > deadline:
+            return found
+        time.sleep(3)
+
+
+def test_three_hosts_form_a_cluster(fleet):
+    result = fleet.cluster()
+    assert result.rc == 0, result.failures
+    assert alive_nodes(fleet) == {"node1": 1.0, "node2": 1.0, "node3": 1.0}
+    env = fleet.exec("node2", "cat /etc/p40fleet/ray/ray.env; stat -c '%U %a' /etc/p40fleet/ray/ray.env").stdout
+    assert "P40FLEET_RAY_ROLE=worker" in env and "NCCL_SOCKET_IFNAME=eth0" in env and "GLOO_SOCKET_IFNAME=eth0" in env
+    assert env.strip().endswith("root 644")
+    # Ray runs as the env owner, never as root; its dashboard is bound to the fleet address, not every interface.
+    owners = fleet.exec("node1", "ps -o user= -C gcs_server,raylet | sort -u").stdout
+    assert owners.split() == [OWNER]
+    assert listening_addresses(fleet, "node1", 8265) == {"node1 fleet address"}
+
+
+def test_status_lists_the_three_nodes(fleet, run_playbook):
+    result = run_playbook("playbooks/cluster_status.yml", fleet.inventory_dir)
+    assert result.rc == 0, result.failures
+    status = statuses(result.events)["demo"]
+    assert [(m["name"], m["alive"], m["gpus"], m["head"]) for m in status["members"]] == [
+        ("node1", True, 1.0, True),
+        ("node2", True, 1.0, False),
+        ("node3", True, 1.0, False),
+    ]
+    assert status["gpus"] == 3 and status["gpus_wanted"] == 3 and status["strays"] == [] and status["error"] == ""
+
+
+def test_a_job_through_the_launch_path_reaches_every_node(fleet, run_playbook):
+    submitted = fleet.exec("node1", "cd && p40fleet-ray-submit --nodes", user=OWNER)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    ran = dict(
+        re.findall(
+            r"^p40fleet-node (\S+) ran on (\S+) NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0$",
+            submitted.stdout,
+            re.MULTILINE,
+        )
+    )
+    assert ran == {"node1": "node1", "node2": "node2", "node3": "node3"}, submitted.stdout
+    job = re.search(r"^p40fleet-ray-submit: job (p40fleet-nodes-\S+) on ", submitted.stdout, re.MULTILINE).group(1)
+    record = fleet.exec("node1", "cat ~/.p40fleet/ray-jobs/jobs.log", user=OWNER).stdout
+    assert f"{job} SUCCEEDED" in record
+    status = statuses(run_playbook("playbooks/cluster_status.yml", fleet.inventory_dir).events)["demo"]
+    assert status["last_job"]["id"] == job and status["last_job"]["status"] == "SUCCEEDED"
+
+
+def test_a_rerun_changes_nothing(fleet):
+    before = {h: main_pid(fleet, h) for h in ("node1", "node2", "node3")}
+    result = fleet.cluster()
+    assert result.rc == 0, result.failures
+    assert {h: s["changed"] for h, s in result.stats.items()} == {f"node{i}": 0 for i in range(1, 5)}
+    assert {h: main_pid(fleet, h) for h in before} == before
+
+
+def test_a_killed_raylet_is_restarted_and_rejoins(fleet):
+    before = main_pid(fleet, "node2")
+    killed = fleet.exec("node2", "kill -9 $(pgrep -u p40fleet -x raylet)")
+    assert killed.returncode == 0, killed.stderr
+    # `ray start --block` sees its raylet gone and exits 1; Restart=on-failure starts it again after RestartSec.
+    deadline = time.monotonic() + 60
+    shown = ""
+    while time.monotonic() < deadline and not ("NRestarts=1" in shown and "ActiveState=active" in shown):
+        time.sleep(1)
+        shown = fleet.exec("node2", "systemctl show -p NRestarts -p ActiveState p40fleet-ray").stdout
+    assert "NRestarts=1" in shown and "ActiveState=active" in shown, shown
+    assert main_pid(fleet, "node2") != before
+    assert wait_for(fleet, {"node1": 1.0, "node2": 1.0, "node3": 1.0}) == {"node1": 1.0, "node2": 1.0, "node3": 1.0}
+
+
+def test_a_host_powered_off_and_on_rejoins(fleet):
+    fleet.power_off("node3")
+    assert wait_for(fleet, {"node1": 1.0, "node2": 1.0}, timeout=120) == {"node1": 1.0, "node2": 1.0}
+    fleet.power_on("node3")
+    assert wait_for(fleet, {"node1": 1.0, "node2": 1.0, "node3": 1.0}) == {"node1": 1.0, "node2": 1.0, "node3": 1.0}
+
+
+def test_a_fourth_host_joins_without_restarting_the_others(fleet):
+    before = {h: main_pid(fleet, h) for h in ("node1", "node2", "node3")}
+    fleet.join("node4")
+    result = fleet.cluster()
+    assert result.rc == 0, result.failures
+    assert alive_nodes(fleet) == {"node1": 1.0, "node2": 1.0, "node3": 1.0, "node4": 1.0}
+    assert {h: main_pid(fleet, h) for h in before} == before
+
+
+def test_a_removed_member_leaves(fleet):
+    fleet.leave("node4")
+    result = fleet.cluster()
+    assert result.rc == 0, result.failures
+    assert wait_for(fleet, {"node1": 1.0, "node2": 1.0, "node3": 1.0}, timeout=90) == {
+        "node1": 1.0,
+        "node2": 1.0,
+        "node3": 1.0,
+    }
+    assert fleet.exec("node4", "test -e /etc/systemd/system/p40fleet-ray.service").returncode == 1
+    assert fleet.exec("node4", "pgrep -u p40fleet raylet").returncode == 1
+
+
+def test_a_mixed_cluster_is_refused_with_its_reason(fleet):
+    before = {h: main_pid(fleet, h) for h in ("node1", "node2", "node3")}
+    fleet.set_profile("node4", "p40x2")
+    fleet.join("node4")
+    result = fleet.cluster()
+    assert result.rc != 0
+    messages = {f.host: f.message for f in result.failures}
+    assert set(messages) == {"node1", "node2", "node3", "node4"}
+    assert "cluster demo: mixed GPU profiles (" in messages["node1"]
+    assert "node4: 2x Tesla P40" in messages["node1"]
+    assert {h: main_pid(fleet, h) for h in before} == before
+    fleet.leave("node4")
+    fleet.set_profile("node4", "p40")

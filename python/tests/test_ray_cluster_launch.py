@@ -1,0 +1,134 @@
+"""The cluster's launch script (p40fleet-ray-submit, ray_cluster's launch.yml) rendered on this machine for the head
+of a planned three-node P40 cluster: its job is the launch script's own overrides rendered for three nodes (the
+same list train_gsm8k_ppo.sh --print shows with launch_script_nnodes 3), then the cluster's, and the whole of it
+composes against verl 0.4.1's Hydra config with the launch script's compose helper."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import yaml
+
+from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+from p40fleet.run import run_playbook
+from tests.launch_render import INPUTS, preflight_profile, render
+
+PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_submit.yml"
+COMPOSE = REPO_ROOT / "roles" / "launch_script" / "files" / "launch_script_compose.py"
+P40 = preflight_profile("Tesla P40", "6.1", 24576, 1)
+PLAN = {
+    "cluster": "demo",
+    "head": "head",
+    "members": ["head", "w1", "w2"],
+    "nnodes": 3,
+    "gpus_per_node": 1,
+    "refusals": [],
+}
+
+
+@pytest.fixture(scope="module")
+def submit(tmp_path_factory):
+    work = tmp_path_factory.mktemp("ray-submit")
+    (work / "libexec").mkdir()
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
+        **INPUTS,
+        "gpu_preflight_profile": P40,
+        "gpu_preflight_cpu_count": 8,
+        "launch_script_path": str(work / "train_gsm8k_ppo.sh"),
+        "launch_script_work_dir": "/srv/verl-runs",
+        "ray_cluster_plan": PLAN,
+        "ray_cluster_head_address": "10.0.0.1",
+        "ray_cluster_iface": {"name": "eth0", "address": "10.0.0.1", "error": ""},
+        "ray_cluster_config_dir": str(work),
+        "ray_cluster_node_script": str(work / "libexec" / "p40fleet-ray-node"),
+        "ray_cluster_submit_script": str(work / "p40fleet-ray-submit"),
+    }
+    inventory = work / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"head": host}}}))
+    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")})
+    assert result.rc == 0, result.stdout[-3000:]
+    return work / "p40fleet-ray-submit"
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """The launch script's overrides for the same host with launch_script_nnodes 3, plain and --smoke."""
+    out, _ = render({"head": {"profile": P40, "launch_script_nnodes": 3}}, tmp_path_factory.mktemp("launch"))
+    return out["head"]
+
+
+def printed(script, *args):
+    shown = subprocess.run([str(script), "--print", *args], capture_output=True, text=True, check=True).stdout
+    fields = dict(line.split(": ", 1) for line in shown.strip().splitlines())
+    return shlex.split(fields["entrypoint"]), json.loads(fields["runtime env"]), fields["address"]
+
+
+CLUSTER = [
+    "trainer.nnodes=3",
+    "trainer.n_gpus_per_node=1",
+    "trainer.ray_wait_register_center_timeout=600",
+    "ray_init.num_cpus=null",
+]
+
+
+def test_the_job_is_the_launch_scripts_overrides_then_the_clusters(submit, launch):
+    argv, env, address = printed(submit, "trainer.total_epochs=2")
+    assert argv[:6] == ["mkdir", "-p", "/srv/verl-runs", "&&", "cd", "/srv/verl-runs"]
+    assert argv[6:10] == ["&&", "exec", INPUTS["conda_env_python"], "-m"] and argv[10] == "verl.trainer.main_ppo"
+    assert argv[11:] == [*launch.overrides, *CLUSTER, "trainer.total_epochs=2"]
+    assert "trainer.nnodes=3" in launch.overrides
+    assert env == {
+        "env_vars": {
+            "NCCL_SOCKET_IFNAME": "eth0",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "CUDA_HOME": "/usr/local/cuda-11.8",
+            "LD_LIBRARY_PATH": "/usr/local/cuda-11.8/lib64",
+        }
+    }
+    assert address == "http://10.0.0.1:8265"
+
+
+def test_smoke_is_the_launch_scripts_smoke_for_three_nodes(submit, launch):
+    argv, _, _ = printed(submit, "--smoke", "3")
+    steps = [a for a in launch.smoke_overrides if a.startswith("trainer.total_training_steps=")]
+    smoke = [a for a in launch.smoke_overrides if a not in steps]
+    assert argv[11:] == [*smoke, "trainer.total_training_steps=3", *CLUSTER]
+    batch = int(dict(a.split("=", 1) for a in argv[11:])["data.train_batch_size"])
+    micro = int(dict(a.split("=", 1) for a in argv[11:])["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
+    assert batch == 2 * micro * 1 * 3
+
+
+def test_nodes_job_and_refusals(submit):
+    argv, _, _ = printed(submit, "--nodes")
+    assert argv == [INPUTS["conda_env_python"], str(submit.parent / "libexec" / "ray_nodes_job.py")]
+    for bad in (["--full-batch"], ["--smoke", "0"], ["--bogus"]):
+        done = subprocess.run([str(submit), *bad, "--print"], capture_output=True, text=True, check=False)
+        assert done.returncode == 2 and re.search(r"(goes with --smoke|at least 1 step|unknown option)", done.stderr)
+
+
+def test_the_whole_job_composes_against_verls_config(submit, tmp_path):
+    argv, _, _ = printed(submit, "--smoke")
+    with zipfile.ZipFile(sorted((UPSTREAM_DIR / "wheel").glob("verl-0.4.1-*.whl"))[0]) as wheel:
+        wheel.extractall(tmp_path, [n for n in wheel.namelist() if n.startswith("verl/trainer/config/")])
+    keys = yaml.safe_load((REPO_ROOT / "roles" / "launch_script" / "vars" / "main.yml").read_text())
+    command = [sys.executable, str(COMPOSE), "--config-dir", str(tmp_path / "verl" / "trainer" / "config")]
+    for entry in keys["launch_script_added_keys"]:
+        command += ["--added-key", entry["key"]]
+    done = subprocess.run([*command, "--", *argv[11:]], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    composed = yaml.safe_load(done.stdout)
+    assert composed["trainer"]["nnodes"] == 3 and composed["trainer"]["n_gpus_per_node"] == 1
+    assert composed["trainer"]["ray_wait_register_center_timeout"] == 600
+    assert composed["ray_init"]["num_cpus"] is None

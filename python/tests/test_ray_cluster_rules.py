@@ -1,0 +1,234 @@
+"""ray_cluster's decisions, table-tested without hosts: the plan (members, head, refusals), the fleet interface,
+the readiness verdict on Ray's own node list (parsed strictly), and which unit starts, restarts or leaves.
+The node lists are the shape `ray list nodes --format json` of Ray 2.47.1 printed here (one node recorded on the
+controller: node_id, node_ip, is_head_node, state, node_name, resources_total with memory as a string)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from p40fleet.paths import REPO_ROOT
+from tests.source_modules import load_module
+
+RULES = load_module(REPO_ROOT / "roles" / "ray_cluster" / "filter_plugins" / "ray_cluster.py", "ray_cluster_filter")
+P40 = {"name": "pascal", "gpu_name": "Tesla P40", "gpu_count": 1, "compute_cap": "6.1"}
+P40X2 = {**P40, "gpu_count": 2}
+V100 = {"name": "volta", "gpu_name": "Tesla V100-SXM2-16GB", "gpu_count": 1, "compute_cap": "7.0"}
+
+
+def inventory(*pairs):
+    return [{"host": host, "cluster": cluster} for host, cluster in pairs]
+
+
+def member(profile=P40, gpus=1, cpus=8):
+    return {"profile": profile, "num_gpus": gpus, "num_cpus": cpus}
+
+
+THREE = inventory(("a", "c1"), ("b", "c1"), ("x", ""), ("c", "c1"), ("d", "c2"))
+
+
+@pytest.mark.parametrize(
+    ("head", "reached", "want_head", "refusal"),
+    [
+        ("", {"a": member(), "b": member(), "c": member()}, "a", None),
+        ("b", {"a": member(), "b": member(), "c": member()}, "b", None),
+        ("d", {"a": member(), "b": member(), "c": member()}, "a", "ray_cluster_head is d, which is not a member"),
+        ("", {"a": member(), "c": member()}, "a", "member(s) b did not reach the cluster step"),
+        (
+            "",
+            {"a": member(), "b": member(V100), "c": member()},
+            "a",
+            "mixed GPU profiles (a: 1x Tesla P40 (profile pascal, compute capability 6.1); "
+            "b: 1x Tesla V100-SXM2-16GB (profile volta, compute capability 7.0)",
+        ),
+        ("", {"a": member(), "b": member(P40X2, gpus=2), "c": member()}, "a", "mixed GPU profiles"),
+        ("", {"a": member(), "b": member(gpus=0), "c": member()}, "a", "b offer(s) no GPU to Ray"),
+    ],
+)
+def test_plan(head, reached, want_head, refusal):
+    plan = RULES.ray_cluster_plan(THREE, "c1", head, reached)
+    assert plan["members"] == ["a", "b", "c"]
+    assert plan["head"] == want_head
+    assert plan["nnodes"] == 3
+    if refusal is None:
+        assert plan["refusals"] == []
+        assert plan["gpus_per_node"] == 1
+    else:
+        assert len(plan["refusals"]) == 1
+        assert refusal in plan["refusals"][0]
+        assert plan["refusals"][0].startswith("cluster c1: ")
+
+
+def test_plan_of_a_host_in_no_cluster_is_empty():
+    plan = RULES.ray_cluster_plan(THREE, "", "", {})
+    assert plan == {"cluster": "", "head": "", "members": [], "nnodes": 0, "gpus_per_node": 0, "refusals": []}
+
+
+INTERFACES = {"lo": ["127.0.0.1"], "eth0": ["10.89.0.5"], "docker0": ["172.17.0.1"], "wg0": []}
+
+
+@pytest.mark.parametrize(
+    ("addresses", "wanted", "name", "address", "error"),
+    [
+        (["10.89.0.5"], "", "eth0", "10.89.0.5", ""),
+        (["127.0.0.1"], "", "", "", "no interface holds the inventory address (127.0.0.1;"),
+        (["192.0.2.1"], "", "", "", "no interface holds the inventory address (192.0.2.1;"),
+        ([], "", "", "", "(unresolved; interfaces: docker0 172.17.0.1, eth0 10.89.0.5, lo 127.0.0.1, wg0 -)"),
+        (["192.0.2.1"], "docker0", "docker0", "172.17.0.1", ""),
+        (["10.89.0.5"], "wg0", "", "", "ray_cluster_interface is wg0, which holds no IPv4 address"),
+        (["10.89.0.5"], "ib0", "", "", "ray_cluster_interface is ib0, which does not exist"),
+    ],
+)
+def test_interface(addresses, wanted, name, address, error):
+    found = RULES.ray_cluster_interface(INTERFACES, addresses, wanted, "node1")
+    assert (found["name"], found["address"]) == (name, address)
+    if error:
+        assert found["error"].startswith("node1: ")
+        assert error in found["error"]
+    else:
+        assert found["error"] == ""
+
+
+def node(name, ip, state="ALIVE", gpus=1.0, head=False):
+    resources = {"CPU": 8.0, "memory": "22.308 GiB", f"node:{ip}": 1.0}
+    if gpus:
+        resources["GPU"] = gpus
+    return {
+        "node_id": f"{name:0<56}",
+        "node_ip": ip,
+        "is_head_node": head,
+        "state": state,
+        "state_message": None,
+        "node_name": name,
+        "resources_total": resources,
+        "labels": {},
+        "start_time_ms": None,
+        "end_time_ms": None,
+    }
+
+
+PLAN = {"cluster": "c1", "head": "a", "members": ["a", "b", "c"], "nnodes": 3, "gpus_per_node": 1, "refusals": []}
+HEALTHY = [node("a", "10.0.0.1", head=True), node("b", "10.0.0.2"), node("c", "10.0.0.3")]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ready", "missing", "message"),
+    [
+        (HEALTHY, True, [], "cluster c1: 3 nodes alive, 3 GPUs (3 x 1), head a"),
+        # A raylet that was killed leaves its old node DEAD beside the new one: the alive one counts.
+        ([*HEALTHY, node("b", "10.0.0.2", state="DEAD")], True, [], "3 nodes alive"),
+        (HEALTHY[:2], False, ["c"], "not ready: member(s) not alive in Ray: c."),
+        ([*HEALTHY[:2], node("c", "10.0.0.3", state="DEAD")], False, ["c"], "member(s) not alive in Ray: c"),
+        ([*HEALTHY[:2], node("c", "10.0.0.3", gpus=0)], False, [], "GPUs short of 1 per node: c has 0"),
+        ([*HEALTHY, node("z", "10.0.0.9")], True, [], "Also alive, not members: z (stop their p40fleet-ray unit"),
+    ],
+)
+def test_readiness(nodes, ready, missing, message):
+    verdict = RULES.ray_cluster_readiness(json.dumps(nodes), PLAN)
+    assert verdict["ready"] is ready
+    assert verdict["missing"] == missing
+    assert message in verdict["message"]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "not JSON"),
+        ("Traceback (most recent call last):", "not JSON"),
+        ('{"node_name": "a"}', "a list of nodes was expected, got dict"),
+        ('["a"]', "a node entry is not an object"),
+        (json.dumps([{**node("a", "10.0.0.1"), "state": "ALIVE\nb"}]), "lacks node_name, node_ip or a known state"),
+        (json.dumps([{**node("a", "10.0.0.1"), "node_name": 7}]), "lacks node_name"),
+        (json.dumps([{**node("a", "10.0.0.1"), "resources_total": {"GPU": "8"}}]), "node a: GPU is not a number"),
+        (json.dumps([{**node("a", "10.0.0.1"), "resources_total": {"GPU": True}}]), "node a: GPU is not a number"),
+        (json.dumps([{**node("a", "10.0.0.1"), "resources_total": []}]), "resources_total is not an object"),
+    ],
+)
+def test_readiness_refuses_what_is_not_a_node_list(text, reason):
+    verdict = RULES.ray_cluster_readiness(text, PLAN)
+    assert verdict["ready"] is False
+    assert verdict["missing"] == ["a", "b", "c"]
+    assert verdict["message"].startswith("cluster c1: Ray's node list could not be read (")
+    assert reason in verdict["message"]
+
+
+@pytest.mark.parametrize(
+    ("host", "changed", "active", "head_restarted", "action"),
+    [
+        ("a", False, True, False, "none"),
+        ("b", False, True, False, "none"),
+        ("b", False, True, True, "restart"),
+        ("b", True, True, False, "restart"),
+        ("b", True, False, False, "start"),
+        ("b", False, False, False, "start"),
+        ("a", True, True, True, "restart"),
+        ("a", True, False, False, "start"),
+        ("z", False, True, False, "leave"),
+        ("z", False, False, False, "none"),
+    ],
+)
+def test_restarts(host, changed, active, head_restarted, action):
+    assert RULES.ray_cluster_restarts(PLAN, host, changed, active, head_restarted)["action"] == action
+
+
+def job(job_id, status, start):
+    return {
+        "type": "SUBMISSION",
+        "job_id": None,
+        "submission_id": job_id,
+        "status": status,
+        "entrypoint": "python x.py",
+        "start_time": start,
+        "message": "",
+        "metadata": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodes", "jobs", "alive", "last", "error"),
+    [
+        (HEALTHY, [job("j1", "SUCCEEDED", 10), job("j2", "FAILED", 20)], [True, True, True], ("j2", "FAILED"), ""),
+        (HEALTHY[:2], [], [True, True, False], None, ""),
+        # Ray 2.47 prints this, not [], when it has no job (seen on the controller with the lock's ray).
+        (HEALTHY, "No resource in the cluster\n", [True, True, True], None, ""),
+        (HEALTHY, "No resource in the cluster, sorry", [True, True, True], None, "Ray's job list could not be read"),
+        (HEALTHY, "Traceback", [True, True, True], None, "Ray's job list could not be read (not JSON"),
+        ([], [{"submission_id": "j1", "status": "DONE"}], [False, False, False], None, "lacks an id or a known status"),
+        (
+            "",
+            [job("j1", "RUNNING", None)],
+            [False, False, False],
+            ("j1", "RUNNING"),
+            "Ray's node list could not be read",
+        ),
+    ],
+)
+def test_status(nodes, jobs, alive, last, error):
+    nodes_text = nodes if isinstance(nodes, str) else json.dumps(nodes)
+    jobs_text = jobs if isinstance(jobs, str) else json.dumps(jobs)
+    status = RULES.ray_cluster_status(nodes_text, jobs_text, PLAN)
+    assert [m["alive"] for m in status["members"]] == alive
+    assert [m["head"] for m in status["members"]] == [True, False, False]
+    assert status["gpus"] == sum(alive) and status["gpus_wanted"] == 3
+    assert (status["last_job"]["id"], status["last_job"]["status"]) == last if last else status["last_job"] is None
+    assert error in status["error"] if error else status["error"] == ""
+
+
+def test_cluster_status_reads_the_heads_published_status():
+    from p40fleet.cluster import statuses
+
+    published = RULES.ray_cluster_status(json.dumps(HEALTHY), "[]", PLAN)
+    events = [
+        {
+            "event": "runner_on_ok",
+            "event_data": {"host": "a", "res": {"ansible_facts": {"ray_cluster_status": published}}},
+        },
+        {"event": "runner_on_ok", "event_data": {"host": "b", "res": {"ansible_facts": {"other": 1}}}},
+        {
+            "event": "runner_on_failed",
+            "event_data": {"host": "d", "res": {"ansible_facts": {"ray_cluster_status": {}}}},
+        },
+    ]
+    assert statuses(events) == {"c1": published}

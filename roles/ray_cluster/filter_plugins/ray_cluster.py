@@ -1,0 +1,287 @@
+"""ray_cluster's decisions: who is in the cluster and who heads it, which interface is the fleet's, whether the
+cluster Ray reports is the one the inventory asks for. Table-tested without hosts
+(python/tests/test_ray_cluster_rules.py); the role's YAML only wires these to the probe, the templates and systemd.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+# What must match on every member for verl's trainer.n_gpus_per_node to hold everywhere: one GPU model and count.
+PROFILE_KEYS = ("name", "gpu_name", "gpu_count", "compute_cap")
+NODE_STATES = ("ALIVE", "DEAD")
+
+
+class RayClusterError(ValueError):
+    """Ray's answer is not the data it should be."""
+
+
+# What `ray list ... --format=json` of Ray 2.47 prints instead of `[]` when there is nothing to list.
+NOTHING_LISTED = "No resource in the cluster"
+
+
+def _listed(text):
+    if isinstance(text, str) and text.strip() == NOTHING_LISTED:
+        return []
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise RayClusterError(f"not JSON: {error}") from None
+
+
+def ray_cluster_plan(members, cluster, head="", reached=None):
+    """The plan of one cluster.
+
+    members: [{host, cluster}] for every inventory host, in inventory order (cluster '' = none);
+    reached: {host: {address, profile: {name, gpu_name, gpu_count, compute_cap}, num_gpus, num_cpus}} for the hosts
+    that got this far in the play. head: the inventory name chosen by variable, '' for the first member.
+    Returns {cluster, head, members: [host], nnodes, gpus_per_node, refusals: [message]}.
+    """
+    reached = reached or {}
+    names = [m["host"] for m in members if cluster and m.get("cluster") == cluster]
+    plan = {"cluster": cluster, "head": "", "members": names, "nnodes": len(names), "gpus_per_node": 0, "refusals": []}
+    if not cluster:
+        return plan
+    refusals = plan["refusals"]
+    if head and head not in names:
+        refusals.append(
+            f"cluster {cluster}: ray_cluster_head is {head}, which is not a member ({', '.join(names)}); "
+            f"set it to one of them, or leave it empty for the first"
+        )
+    plan["head"] = head if head in names else (names[0] if names else "")
+    absent = [n for n in names if n not in reached]
+    if absent:
+        refusals.append(
+            f"cluster {cluster}: member(s) {', '.join(absent)} did not reach the cluster step (failed, unreachable "
+            f"or left out by --limit); a cluster starts with every member or not at all: fix them or remove "
+            f"p40fleet_cluster from their inventory entry"
+        )
+    profiles = {}
+    for name in names:
+        if name in reached:
+            profile = reached[name].get("profile") or {}
+            profiles[name] = tuple(str(profile.get(key, "")) for key in PROFILE_KEYS)
+    if len(set(profiles.values())) > 1:
+        described = "; ".join(
+            f"{n}: {p[2]}x {p[1]} (profile {p[0]}, compute capability {p[3]})" for n, p in profiles.items()
+        )
+        refusals.append(
+            f"cluster {cluster}: mixed GPU profiles ({described}); verl runs one trainer.n_gpus_per_node and one "
+            f"set of dtype and memory settings on every node: put hosts of one profile in one cluster"
+        )
+    gpus = {n: int(reached[n].get("num_gpus", 0)) for n in names if n in reached}
+    none = [n for n, g in gpus.items() if g < 1]
+    if none:
+        refusals.append(f"cluster {cluster}: {', '.join(none)} offer(s) no GPU to Ray; every member must train")
+    if len(set(gpus.values())) > 1 and not refusals:
+        counts = ", ".join(f"{n}: {g}" for n, g in gpus.items())
+        refusals.append(f"cluster {cluster}: ray_cluster_num_gpus differs between members ({counts}); set one value")
+    plan["gpus_per_node"] = min(gpus.values()) if gpus else 0
+    return plan
+
+
+def ray_cluster_interface(interfaces, addresses, wanted="", host="this host"):
+    """The fleet network's interface: the one named (it must hold an IPv4 address) or the one holding the host's
+    inventory address. interfaces: {name: [ipv4, ...]}; addresses: what the inventory address resolves to here.
+    Returns {name, address, error}: error says what was found and what to do ('' when fine)."""
+    if wanted:
+        held = interfaces.get(wanted) or []
+        if not held:
+            return {
+                "name": "",
+                "address": "",
+                "error": f"{host}: ray_cluster_interface is {wanted}, which "
+                + ("holds no IPv4 address" if wanted in interfaces else "does not exist")
+                + f" (found: {_describe(interfaces)}); name the interface of the fleet network",
+            }
+        chosen = [a for a in held if a in addresses]
+        return {"name": wanted, "address": chosen[0] if chosen else held[0], "error": ""}
+    for name, held in sorted(interfaces.items()):
+        for address in held:
+            if address in addresses and not ipaddress.ip_address(address).is_loopback:
+                return {"name": name, "address": address, "error": ""}
+    return {
+        "name": "",
+        "address": "",
+        "error": f"{host}: no interface holds the inventory address "
+        f"({', '.join(addresses) or 'unresolved'}; interfaces: "
+        f"{_describe(interfaces)}); set ray_cluster_interface to the fleet network's interface, or ansible_host to "
+        f"the host's address on it",
+    }
+
+
+def _describe(interfaces):
+    return ", ".join(f"{n} {'/'.join(a) or '-'}" for n, a in sorted(interfaces.items())) or "none"
+
+
+def ray_cluster_nodes(text):
+    """Parse `ray list nodes --format json` strictly (it is the owner's process talking: untrusted data).
+    Returns [{name, ip, alive, gpus, head}]; raises on anything else."""
+    data = _listed(text)
+    if not isinstance(data, list):
+        raise RayClusterError(f"a list of nodes was expected, got {type(data).__name__}")
+    nodes = []
+    for entry in data:
+        if not isinstance(entry, dict):
+            raise RayClusterError("a node entry is not an object")
+        name, ip, state = entry.get("node_name"), entry.get("node_ip"), entry.get("state")
+        resources = entry.get("resources_total", {})
+        if not isinstance(name, str) or not isinstance(ip, str) or state not in NODE_STATES:
+            raise RayClusterError(f"a node entry lacks node_name, node_ip or a known state: {entry!r:.200}")
+        if not isinstance(resources, dict):
+            raise RayClusterError(f"node {name}: resources_total is not an object")
+        gpus = resources.get("GPU", 0)
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)):
+            raise RayClusterError(f"node {name}: GPU is not a number: {gpus!r:.50}")
+        nodes.append(
+            {"name": name, "ip": ip, "alive": state == "ALIVE", "gpus": gpus, "head": entry.get("is_head_node") is True}
+        )
+    return nodes
+
+
+def ray_cluster_readiness(text, plan):
+    """Is the cluster Ray reports the planned one? Every member alive under its inventory name with
+    gpus_per_node GPUs, nnodes x gpus_per_node in all.
+    Returns {ready, message, alive, missing, short, strays, total}."""
+    cluster = plan["cluster"]
+    try:
+        nodes = ray_cluster_nodes(text)
+    except RayClusterError as error:
+        return {
+            "ready": False,
+            "message": f"cluster {cluster}: Ray's node list could not be read ({error})",
+            "alive": [],
+            "missing": list(plan["members"]),
+            "short": [],
+            "strays": [],
+            "total": 0,
+        }
+    alive = {n["name"]: n for n in nodes if n["alive"]}
+    missing = [m for m in plan["members"] if m not in alive]
+    short = [
+        f"{m} has {alive[m]['gpus']:g}"
+        for m in plan["members"]
+        if m in alive and alive[m]["gpus"] < plan["gpus_per_node"]
+    ]
+    strays = sorted(n for n in alive if n not in plan["members"])
+    total = sum(alive[m]["gpus"] for m in plan["members"] if m in alive)
+    wanted = plan["nnodes"] * plan["gpus_per_node"]
+    problems = []
+    if missing:
+        problems.append(f"member(s) not alive in Ray: {', '.join(missing)}")
+    if short:
+        problems.append(f"GPUs short of {plan['gpus_per_node']} per node: {'; '.join(short)}")
+    if total < wanted and not missing and not short:
+        problems.append(f"{total:g} GPUs in all, {wanted} wanted")
+    ready = not problems
+    message = (
+        f"cluster {cluster}: {len(plan['members'])} nodes alive, {total:g} GPUs "
+        f"({plan['nnodes']} x {plan['gpus_per_node']}), head {plan['head']}"
+        if ready
+        else f"cluster {cluster}: not ready: {'; '.join(problems)}. See `journalctl -u p40fleet-ray` on those hosts"
+    )
+    if strays:
+        message += (
+            f". Also alive, not members: {', '.join(strays)} (stop their p40fleet-ray unit, or add them to the cluster)"
+        )
+    return {
+        "ready": ready,
+        "message": message,
+        "alive": sorted(alive),
+        "missing": missing,
+        "short": short,
+        "strays": strays,
+        "total": total,
+    }
+
+
+def ray_cluster_restarts(plan, host, files_changed, active, head_restarted):
+    """What the unit of `host` must do: 'leave', 'start', 'restart' or 'none', and why."""
+    if not plan["cluster"] or host not in plan["members"]:
+        return {"action": "leave" if active else "none", "why": f"{host} is in no cluster now"}
+    if host != plan["head"] and head_restarted:
+        return {"action": "restart", "why": f"the head {plan['head']} restarted: every worker rejoins it"}
+    if files_changed:
+        return {"action": "restart" if active else "start", "why": f"{host}'s Ray settings changed"}
+    if not active:
+        return {"action": "start", "why": f"{host}'s Ray node was not running"}
+    return {"action": "none", "why": "healthy and unchanged"}
+
+
+JOB_STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
+
+
+def ray_cluster_jobs(text):
+    """Parse `ray list jobs --format json` strictly: [{id, status, entrypoint, start_time}], oldest first."""
+    data = _listed(text)
+    if not isinstance(data, list):
+        raise RayClusterError(f"a list of jobs was expected, got {type(data).__name__}")
+    jobs = []
+    for entry in data:
+        if not isinstance(entry, dict):
+            raise RayClusterError("a job entry is not an object")
+        job_id = entry.get("submission_id") or entry.get("job_id")
+        status, started = entry.get("status"), entry.get("start_time")
+        if not isinstance(job_id, str) or status not in JOB_STATES:
+            raise RayClusterError(f"a job entry lacks an id or a known status: {entry!r:.200}")
+        if started is not None and (isinstance(started, bool) or not isinstance(started, int)):
+            raise RayClusterError(f"job {job_id}: start_time is not a number")
+        entrypoint = entry.get("entrypoint")
+        jobs.append(
+            {
+                "id": job_id,
+                "status": status,
+                "entrypoint": entrypoint if isinstance(entrypoint, str) else "",
+                "start_time": started or 0,
+            }
+        )
+    return sorted(jobs, key=lambda job: job["start_time"])
+
+
+def ray_cluster_status(nodes_text, jobs_text, plan):
+    """What `p40fleet cluster status` shows: each member alive or not with its GPUs, nodes alive that are no
+    member, and the last job with its state. Either list unreadable: said in `error`, the rest still shown."""
+    errors = []
+    try:
+        nodes = ray_cluster_nodes(nodes_text)
+    except RayClusterError as error:
+        nodes = []
+        errors.append(f"Ray's node list could not be read ({error})")
+    try:
+        jobs = ray_cluster_jobs(jobs_text)
+    except RayClusterError as error:
+        jobs = []
+        errors.append(f"Ray's job list could not be read ({error})")
+    alive = {n["name"]: n for n in nodes if n["alive"]}
+    members = [
+        {
+            "name": name,
+            "alive": name in alive,
+            "gpus": alive[name]["gpus"] if name in alive else 0,
+            "ip": alive[name]["ip"] if name in alive else "",
+            "head": name == plan["head"],
+        }
+        for name in plan["members"]
+    ]
+    return {
+        "cluster": plan["cluster"],
+        "head": plan["head"],
+        "members": members,
+        "strays": sorted(n for n in alive if n not in plan["members"]),
+        "gpus": sum(m["gpus"] for m in members),
+        "gpus_wanted": plan["nnodes"] * plan["gpus_per_node"],
+        "last_job": jobs[-1] if jobs else None,
+        "error": "; ".join(errors),
+    }
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "ray_cluster_plan": ray_cluster_plan,
+            "ray_cluster_interface": ray_cluster_interface,
+            "ray_cluster_readiness": ray_cluster_readiness,
+            "ray_cluster_restarts": ray_cluster_restarts,
+            "ray_cluster_status": ray_cluster_status,
+        }
