@@ -40,9 +40,9 @@ CASES = {
     "p40-1x": Case("Tesla P40", "6.1", 24576, 1, 23),
     "p100-1x": Case("Tesla P100-PCIE-16GB", "6.0", 16384, 1, 15),
     "p4-1x": Case("Tesla P4", "6.1", 7680, 1, 7),
-    # vLLM, the T4's default rollout, cannot be carried to the GPU machine (its cu118 wheel alone is several times
-    # the 64 MiB a call may carry): this runs the T4's rendering with the hf rollout, the one a fleet sets with
-    # launch_script_rollout_name=hf, and the record says so.
+    # The T4's rendering with the hf rollout, set explicitly: its profile names vLLM, which p40fleet no longer
+    # installs (so hf is also its default now), and which could not be carried to the GPU machine anyway (its cu118
+    # wheel alone is several times the 64 MiB a call may carry).
     "t4-1x-hf": Case(
         "Tesla T4",
         "7.5",
