@@ -167,10 +167,12 @@ AT_STAGE_START = {
     "conda_env": (
         {"conda_env_installer_sha256": SHORT_SUM},
         f"{LATER}: conda_env is misconfigured: installer sha256 '{SHORT_SUM}', Python '3.11', prefix"
-        " '/opt/miniconda3', channels ['conda-forge']. Required: the real 64-hex sha256 of"
-        " Miniconda3-standin-Linux-x86_64.sh (from Anaconda's hash table, set in the inventory pins), a Python like"
-        ' "3.10", an absolute prefix, and no Anaconda `defaults` channel unless conda_env_tos_accepted is true (its'
-        " Terms of Service would prompt).",
+        " '/opt/miniconda3', channels ['conda-forge'], owner 'p40fleet' (login user 'ops'). Required: the real"
+        " 64-hex sha256 of Miniconda3-standin-Linux-x86_64.sh (from Anaconda's hash table, set in the inventory"
+        ' pins), a Python like "3.10", an absolute prefix, no Anaconda `defaults` channel unless'
+        " conda_env_tos_accepted is true (its Terms of Service would prompt), and an env owner that is a plain"
+        " account name, neither root nor the account Ansible logs in as (root trusts the login account; the env"
+        " owner runs other people's code).",
     ),
     "verl": (
         {"verl_post_install_checks": ["editable", "imports"]},
