@@ -57,6 +57,11 @@ APT_SUITES_DIR = APT_DIR / "suites"
 APT_SUITES_PORT = 8082
 GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
 NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
+# What preflight asks of a sandbox host's disk, per install path. The stand-ins take megabytes, and a sandbox host's
+# filesystems are the build machine's: asking for the real artifacts' 47 GiB made every test hang on how full the
+# build machine was (CI failed at 43.7 GiB free). The real figures stay in gpu_preflight's defaults, held by
+# test_gpu_preflight_rules; a too-small disk is shown with tmpfs hosts (test_sandbox, fault case 6).
+SANDBOX_DISK_GIB = 1
 
 # Podman 4.3 on Debian 12: crun fails on hybrid cgroups and setrlimit needs explicit ulimits.
 CONTAINERS_CONF = """\
@@ -90,6 +95,19 @@ SERVICES_HOST_COMMAND = (
 
 class SandboxError(RuntimeError):
     """A sandbox operation failed; the message says what and what to do."""
+
+
+def sandbox_disk_checks(**min_free_gib: int) -> list[dict]:
+    """gpu_preflight's disk checks (its defaults: the same paths, purposes and markers) with the sandbox's need,
+    SANDBOX_DISK_GIB, on each; min_free_gib={purpose word: GiB} sets another on the checks whose purpose has it."""
+    checks = yaml.safe_load((ROLES_DIR / "gpu_preflight" / "defaults" / "main.yml").read_text())[
+        "gpu_preflight_disk_checks"
+    ]
+    for check in checks:
+        check["min_free_gib"] = next(
+            (gib for word, gib in min_free_gib.items() if word in check["purpose"]), SANDBOX_DISK_GIB
+        )
+    return checks
 
 
 def standins_dir() -> Path:
@@ -691,6 +709,7 @@ class Sandbox:
             "artifact_fetch_controller_cache_dir": str(self.dir / "artifact-cache"),
             "apex_controller_cache_dir": str(self.dir / "apex-wheels"),
             "host_prereqs_extra_packages": list(STANDIN_PACKAGES),
+            "gpu_preflight_disk_checks": sandbox_disk_checks(),
             **standin_vars,
         }
         (group_vars / "p40_sandbox.yml").write_text(

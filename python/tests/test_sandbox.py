@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from p40fleet import cli
-from p40fleet.sandbox import Sandbox, SandboxError, gpu_profiles, podman
+from p40fleet.paths import ROLES_DIR
+from p40fleet.sandbox import SANDBOX_DISK_GIB, Sandbox, SandboxError, gpu_profiles, podman, sandbox_disk_checks
 
 pytestmark = pytest.mark.sandbox
 
@@ -111,6 +113,25 @@ def test_a_small_filesystem_for_a_host_it_lacks_or_of_no_size_is_refused():
         Sandbox("pytest-refused").up(["p40"], tmpfs={"node2": {"/srv/small": "64m"}})
     with pytest.raises(SandboxError, match="tmpfs /srv/small=lots: use an absolute path and a size like 64m"):
         Sandbox("pytest-refused").up(["p40"], tmpfs={"node1": {"/srv/small": "lots"}})
+
+
+@pytest.mark.parametrize("overrides", [{}, {"conda_env_install_prefix": 0}])
+def test_sandbox_disk_checks_are_preflights_own_with_the_sandbox_size(overrides):
+    real = yaml.safe_load((ROLES_DIR / "gpu_preflight" / "defaults" / "main.yml").read_text())[
+        "gpu_preflight_disk_checks"
+    ]
+    ours = sandbox_disk_checks(**overrides)
+    strip = [{k: v for k, v in c.items() if k != "min_free_gib"} for c in real]
+    assert [{k: v for k, v in c.items() if k != "min_free_gib"} for c in ours] == strip
+    # The real figures are much larger; the sandbox's stand-ins are not the real artifacts.
+    assert sum(c["min_free_gib"] for c in real) > 40
+    sizes = {c["purpose"].rsplit(", ", 1)[1]: c["min_free_gib"] for c in ours}
+    assert sizes == {name: overrides.get(name, SANDBOX_DISK_GIB) for name in sizes}
+
+
+def test_the_sandbox_inventory_asks_preflight_for_the_sandbox_disk(fleet):
+    group_vars = yaml.safe_load((fleet.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())
+    assert group_vars["gpu_preflight_disk_checks"] == sandbox_disk_checks()
 
 
 def test_a_host_gets_the_small_filesystem_it_asks_for(make_sandbox):

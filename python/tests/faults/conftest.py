@@ -25,14 +25,13 @@ from tests.stages import STAGES as SITE_STAGES
 from p40fleet import cli
 from p40fleet.paths import REPO_ROOT
 from p40fleet.run import RunResult
-from p40fleet.sandbox import Sandbox, podman
+from p40fleet.sandbox import Sandbox, podman, sandbox_disk_checks
 from p40fleet.state import StateDir
 
 FULL = os.environ.get("P40FLEET_FAULTS") == "full"
 # P40FLEET_FAULTS_KEEP=1 leaves the fleet running after the session (to iterate on one case); the next session
 # reuses it when its hosts are the same, and every case puts the hosts it uses where it needs them.
 SITE = REPO_ROOT / "site.yml"
-PREFLIGHT_DEFAULTS = REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml"
 # site.yml's stages (each tagged with its name), in order.
 STAGES = ("gpu_preflight", *SITE_STAGES)
 
@@ -125,14 +124,6 @@ def pytest_terminal_summary(terminalreporter):
 # -- the shared fleet ---------------------------------------------------------------------------------------
 
 
-def _disk_checks_with(path_purpose: str, min_free_gib: int) -> list[dict]:
-    checks = yaml.safe_load(PREFLIGHT_DEFAULTS.read_text())["gpu_preflight_disk_checks"]
-    for check in checks:
-        if path_purpose in check["purpose"]:
-            check["min_free_gib"] = min_free_gib
-    return checks
-
-
 # host -> (GPU profile, small filesystems {path: size}, host_vars, what it is for). One sandbox serves every case:
 # hosts a case breaks on purpose are its own, and node1 is the converged host cases take turns on, each leaving
 # it converged again.
@@ -141,7 +132,7 @@ HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
         "p40",
         {CONDA_TMPFS: "1200m"},
         # The env's own 1.2 GB filesystem, which case 12 fills: preflight's 20 GiB rule for it is waived here.
-        {"gpu_preflight_disk_checks": _disk_checks_with("conda_env_install_prefix", 0)},
+        {"gpu_preflight_disk_checks": sandbox_disk_checks(conda_env_install_prefix=0)},
         "converged by site.yml: cases 1, 7, 8, 10, 12",
     ),
     "node2": ("p40-driver-too-old", {}, {}, "case 4: driver too old"),
