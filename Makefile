@@ -15,11 +15,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps venv fixtures lint pytest molecule \
-  test faults demo bench clean lock lock-verl lock-torch gpu-bundle gpu-check gpu-records
+  test test-fast faults demo bench clean lock lock-verl lock-torch gpu-bundle gpu-check gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
 	@echo "make test   lint, molecule scenarios and pytest (what CI runs)"
+	@echo "make test-fast   lint and the tests that need no container (pytest -m unit)"
 	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
 	@echo "make faults the fault suite, every case (issue 13), and the tests elsewhere it counts"
 	@echo "make gpu-check   run each profile's rendered launch script on this machine's CUDA GPU (python/tests/gpu/)"
@@ -78,6 +79,10 @@ pytest: sandbox-deps test-deps
 	$(BIN)/pytest
 
 test: lint molecule pytest
+
+# The container-free tests (markers: unit, sandbox, converge in pyproject.toml), for a quick check while editing.
+test-fast: lint fixtures
+	$(BIN)/pytest -m unit
 
 # The fault suite with its slow cases (make test runs the rest of it), and the tests elsewhere that prove part
 # of a case; it ends with the table of cases.

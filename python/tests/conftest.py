@@ -22,6 +22,9 @@ TEST_OUTPUT = RUNS_DIR / "test-output"
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "sandbox" not in item.keywords:
+            item.add_marker(pytest.mark.unit)
     if not PODMAN_MISSING:
         return
     # Sandbox tests need podman; `make test` installs it, so there a missing podman is an error.

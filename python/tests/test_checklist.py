@@ -11,7 +11,8 @@ import pytest
 
 from tests.host_state import sh
 
-pytestmark = pytest.mark.sandbox
+# converge: the module's fixture takes fresh hosts through the pipeline (minutes).
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 CHECKLIST = "playbooks/verify.yml"
 # The sandbox serves no vLLM wheel (the modern profile would install one): this checklist is not about it.

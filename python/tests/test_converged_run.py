@@ -18,7 +18,8 @@ from p40fleet.paths import REPO_ROOT
 from tests.host_state import sh
 from tests.stages import STAGES
 
-pytestmark = pytest.mark.sandbox
+# converge: the module's fixture takes fresh hosts through the pipeline (minutes).
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 HOSTS = ["node1", "node2"]
 RECORDS = "/var/lib/p40fleet/stages"

@@ -337,6 +337,7 @@ def converged(site_fleet):
 
 
 @pytest.mark.sandbox
+@pytest.mark.converge
 def test_site_yml_converges_and_a_second_run_changes_nothing(converged):
     first, second = converged["first"], converged["second"]
     assert first.rc == 0, "\n".join(f.message for f in first.failures) or first.stdout[-4000:]
@@ -345,6 +346,7 @@ def test_site_yml_converges_and_a_second_run_changes_nothing(converged):
 
 
 @pytest.mark.sandbox
+@pytest.mark.converge
 def test_scripts_differ_in_gpu_count_and_memory_between_one_and_two_p40s(converged):
     fleet = converged["fleet"]
     printed = {}
@@ -363,6 +365,7 @@ def test_scripts_differ_in_gpu_count_and_memory_between_one_and_two_p40s(converg
 
 
 @pytest.mark.sandbox
+@pytest.mark.converge
 def test_dry_run_composes_against_the_installed_verl_as_the_env_owner(converged):
     fleet = converged["fleet"]
     for host in ("node1", "node2"):
@@ -378,6 +381,7 @@ def test_dry_run_composes_against_the_installed_verl_as_the_env_owner(converged)
 
 
 @pytest.mark.sandbox
+@pytest.mark.converge
 def test_smoke_fails_clearly_without_a_gpu_and_the_report_shows_it(converged, run_playbook):
     """The sandbox's torch is a stand-in with no CUDA kernels: a smoke run there must fail, saying why."""
     fleet = converged["fleet"]
@@ -400,6 +404,7 @@ def test_smoke_fails_clearly_without_a_gpu_and_the_report_shows_it(converged, ru
 
 
 @pytest.mark.sandbox
+@pytest.mark.converge
 def test_the_data_files_on_the_host_are_in_verls_layout(converged):
     fleet = converged["fleet"]
     script = (
@@ -417,6 +422,7 @@ def test_the_data_files_on_the_host_are_in_verls_layout(converged):
 
 
 @pytest.mark.sandbox
+@pytest.mark.converge
 def test_the_token_appears_in_no_artifact(converged):
     fleet = converged["fleet"]
     found = []

@@ -1,7 +1,7 @@
 """Privilege boundaries of the whole pipeline (issue 9), on one-host sandboxes running site.yml.
 
 Real fleets log in as an ordinary user with sudo: site.yml must converge and be idempotent that way and
-with root login. Password-less sudo is what molecule's default scenario and the demo use; here the ordinary
+with root login. Password-less sudo is what the other sandbox tests and the demo use; here the ordinary
 user must type a sudo password (given as a file, as `p40fleet run --become-password-file` does).
 Root must never run code the env owner can write: a `.pth` file and a `sitecustomize.py`
 planted in the env's site-packages by the owner run whenever the env's Python starts, and each leaves a
@@ -19,7 +19,8 @@ import pytest
 
 from p40fleet.sandbox import Sandbox
 
-pytestmark = pytest.mark.sandbox
+# converge: the module's fixture takes fresh hosts through the pipeline (minutes).
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 PLAYBOOK = "site.yml"
 HOST = "node1"

@@ -17,7 +17,8 @@ import yaml
 
 from p40fleet.paths import REPO_ROOT
 
-pytestmark = pytest.mark.sandbox
+# converge: the module's fixture takes fresh hosts through the pipeline (minutes).
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 PLAYBOOK = "python/tests/playbooks/python_stack.yml"
 HOSTS = ("node1", "node2", "node3")

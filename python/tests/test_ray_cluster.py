@@ -17,7 +17,8 @@ import pytest
 
 from p40fleet.cluster import statuses
 
-pytestmark = pytest.mark.sandbox
+# converge: the module's fixture takes fresh hosts through the pipeline (minutes).
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 OWNER = "p40fleet"
 RAY = "/opt/miniconda3/envs/verl-env/bin/ray"
