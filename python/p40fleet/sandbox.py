@@ -35,6 +35,8 @@ from p40fleet import fixtures, paths
 from p40fleet.paths import CACHE_DIR, ROLES_DIR, SANDBOX_DIR
 
 IMAGE_NAME = "localhost/p40fleet-sandbox"
+# Sandbox.replicate's copies of a host's disk, one tag per sandbox, removed with it.
+COPY_IMAGE_NAME = "localhost/p40fleet-copy"
 # Release name -> (Debian suite, host_prereqs vars file for it).
 OS_RELEASES = {"debian12": ("bookworm", "Debian-12"), "debian11": ("bullseye", "Debian-11")}
 DEFAULT_OS = "debian12"
@@ -513,6 +515,7 @@ class Sandbox:
     def down(self) -> None:
         names = [h.container for h in self.hosts()] + [self.mirror_container]
         podman("rm", "-f", "-t", "0", *names, check=False)
+        podman("image", "rm", "-f", self.copy_image, check=False)
         if podman("network", "exists", self.network, check=False).returncode == 0:
             podman("network", "rm", "-f", self.network, check=False)
         if self.dir.exists():
@@ -716,6 +719,43 @@ class Sandbox:
             "---\n# Sandbox hosts: stand-in artifacts served by the sandbox mirror (test fixtures).\n"
             + yaml.safe_dump(sandbox_vars, sort_keys=True)
         )
+
+    @property
+    def copy_image(self) -> str:
+        return f"{COPY_IMAGE_NAME}:{PODMAN_PREFIX}-{self.name}"
+
+    def replicate(self, source: str, names: Sequence[str]) -> list[Host]:
+        """Make the hosts `names` copies of host `source` as its disk is now (podman commit), each keeping its own
+        name, profile, login, small filesystems and service manager, with a new address: a converged host copied
+        in seconds where converging it again costs minutes. Like a disk image cloned onto other machines, a copy
+        carries the source's installed stages and their records, while its GPUs are its own (the stand-in's UUIDs
+        follow the host name): preflight sees new GPUs there, and the next run re-verifies each stage on the copy
+        instead of trusting it."""
+        hosts = self.hosts()
+        by_name = {h.name: h for h in hosts}
+        unknown = [n for n in (source, *names) if n not in by_name]
+        if unknown or source in names or not names:
+            raise SandboxError(
+                f"replicate {source} to {list(names)}: name other hosts of sandbox {self.name} "
+                f"({', '.join(by_name)}){'; unknown: ' + ', '.join(unknown) if unknown else ''}"
+            )
+        podman("commit", "--quiet", by_name[source].container, self.copy_image)
+        mirror = self._address(self.mirror_container)
+        for name in names:
+            old = by_name[name]
+            podman("rm", "-f", "-t", "0", old.container)
+            by_name[name] = self._start_host(
+                self.copy_image, name, old.profile, old.login, old.os, mirror, old.tmpfs, old.services
+            )
+        hosts = [by_name[h.name] for h in hosts]
+        self._save_hosts(hosts)
+        for name in names:
+            self.set_profile(name, by_name[name].profile)
+        self._write_known_hosts(hosts)
+        self._write_hosts_file(hosts)
+        for name in names:
+            _wait_for_port(by_name[name].address, 22)
+        return [by_name[n] for n in names]
 
     # -- host operations -----------------------------------------------------------------------
     def power_off(self, host: str) -> None:

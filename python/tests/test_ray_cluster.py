@@ -3,8 +3,9 @@ ray_cluster role under the stand-in service manager (python/tests/fixtures/stand
 sandbox hosts have no systemd), over the sandbox network. CPU only: the GPUs Ray counts are the ones each
 host's profile declares (--num-gpus), no GPU work runs.
 
-One fleet of four P40 hosts, converged once up to the verl stage (Ray comes with verl's lock); node1 to
-node3 form cluster `demo`, node4 joins later. The tests run in order and build on each other.
+One fleet of four P40 hosts up to the verl stage (Ray comes with verl's lock): node1 converged, the others
+copies of its disk, re-verified; node1 to node3 form cluster `demo`, node4 joins later. The tests run in
+order and build on each other.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from p40fleet.cluster import statuses
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 OWNER = "p40fleet"
+# Ray comes with verl's lock: the stages up to verl.
+STAGES = "host_prereqs,conda_env,pytorch,verl"
 RAY = "/opt/miniconda3/envs/verl-env/bin/ray"
 # What Ray needs on a 2-core machine shared by four hosts: a small object store (the containers' /dev/shm is
 # 64 MB; Ray then uses /tmp) and patience while four nodes start.
@@ -30,8 +33,12 @@ SANDBOX_VARS = "---\nray_cluster_object_store_memory: 100000000\nray_cluster_rea
 @pytest.fixture(scope="module")
 def fleet(make_sandbox, run_playbook):
     fleet = make_sandbox("ray", ["p40", "p40", "p40", "p40"], services=True)
-    converged = run_playbook("site.yml", fleet.inventory_dir, tags="host_prereqs,conda_env,pytorch,verl")
+    # One host converges; the others are copies of its disk (minutes saved), which the second run re-verifies.
+    converged = run_playbook("site.yml", fleet.inventory_dir, limit="node1", tags=STAGES)
     assert converged.rc == 0, converged.failures
+    fleet.replicate("node1", ["node2", "node3", "node4"])
+    verified = run_playbook("site.yml", fleet.inventory_dir, tags=STAGES)
+    assert verified.rc == 0, verified.failures
     host_vars = fleet.inventory_dir / "host_vars"
     host_vars.mkdir(exist_ok=True)
     (fleet.inventory_dir / "group_vars" / "all.yml").write_text(SANDBOX_VARS)

@@ -134,6 +134,27 @@ def test_the_sandbox_inventory_asks_preflight_for_the_sandbox_disk(fleet):
     assert group_vars["gpu_preflight_disk_checks"] == sandbox_disk_checks()
 
 
+def test_a_replicated_host_carries_the_disk_and_keeps_its_own_identity(make_sandbox, run_playbook):
+    sandbox = make_sandbox("replica", ["p40", "p40x2", "p40"])
+    sandbox.exec("node1", "mkdir -p /opt/installed && echo stage-done > /opt/installed/record")
+    node3_before = sandbox.host("node3")
+    copies = sandbox.replicate("node1", ["node2"])
+    assert [h.name for h in copies] == ["node2"]
+    assert sandbox.exec("node2", "cat /opt/installed/record").stdout == "stage-done\n"
+    # Its own name, profile (2 GPUs) and login; the host not named is untouched.
+    assert sandbox.exec("node2", "hostname").stdout == "node2\n"
+    gpus = sandbox.exec("node2", "nvidia-smi -L").stdout.splitlines()
+    assert len(gpus) == 2 and gpus != sandbox.exec("node1", "nvidia-smi -L").stdout.splitlines()[:2]
+    assert sandbox.host("node3") == node3_before
+    # Reached over SSH as before, known by its own address.
+    probe = run_playbook(PROBE, sandbox.inventory_dir)
+    assert probe.rc == 0 and probe.stats["node2"]["unreachable"] == 0, probe.stdout
+    with pytest.raises(SandboxError, match=r"replicate node1 to \['node1'\]: name other hosts"):
+        sandbox.replicate("node1", ["node1"])
+    with pytest.raises(SandboxError, match="unknown: node9"):
+        sandbox.replicate("node1", ["node9"])
+
+
 def test_a_host_gets_the_small_filesystem_it_asks_for(make_sandbox):
     sandbox = make_sandbox("tmpfs", ["p40"], tmpfs={"node1": {"/srv/small": "8m"}})
     mount = sandbox.exec("node1", "grep ' /srv/small ' /proc/mounts").stdout.split()
