@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from p40fleet.sandbox import Sandbox
+from p40fleet_dev.sandbox import Sandbox
 
 pytestmark = pytest.mark.sandbox
 

@@ -1,7 +1,7 @@
 """Test fixtures the sandbox serves: real upstream files fetched ahead of time, and stand-ins.
 
 Real third-party files (verl's sdist and the wheels its config needs) are fetched from PyPI by
-`p40fleet fixtures fetch` (run by `make fixtures`), never at test time, and so are the real files of
+`python -m p40fleet_dev fixtures` (run by `make fixtures`), never at test time, and so are the real files of
 the sandbox's verl dependency lock (fetch_locked_wheels), which the sandbox mirror serves, and the wheels of
 p40fleet's own dependencies (fetch_package_dependencies: a fresh venv installs the p40fleet wheel offline).
 Stand-ins for what cannot be downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are
@@ -24,9 +24,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from p40fleet import paths
-from p40fleet.paths import CACHE_DIR, ROLES_DIR
+from p40fleet.paths import ROLES_DIR
+from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
 
+# The modules that build the stand-ins, one per artifact.
+BUILDERS_DIR = STANDINS_DIR / "artifacts"
 VERL_LOCKS_DIR = ROLES_DIR / "verl" / "files"
 # The sandbox env's Python is the hosts' python3 (Debian 12), which the Miniconda stand-in can only give, and
 # the verl release the sandbox installs: together they pick the lock whose real wheels the mirror serves.
@@ -38,25 +40,6 @@ class FixtureError(RuntimeError):
     pass
 
 
-def _checkout() -> Path:
-    try:
-        return paths.checkout("the test fixtures")
-    except paths.CheckoutRequired as error:
-        raise FixtureError(str(error)) from None
-
-
-def _builders_dir() -> Path:
-    return _checkout() / "python" / "tests" / "fixtures" / "standins" / "artifacts"
-
-
-def _upstream_dir() -> Path:
-    return _checkout() / ".cache" / "upstream"
-
-
-def _upstream_list() -> Path:
-    return _checkout() / "python" / "tests" / "fixtures" / "upstream.txt"
-
-
 @dataclass
 class StandinArtifacts:
     mirror_dir: Path
@@ -65,7 +48,7 @@ class StandinArtifacts:
 
 def upstream_requirements() -> list[tuple[str, str]]:
     """The (kind, requirement) pairs listed in upstream.txt; kind is sdist or wheel."""
-    upstream_list = _upstream_list()
+    upstream_list = UPSTREAM_LIST
     if not upstream_list.exists():
         return []
     entries = []
@@ -85,11 +68,11 @@ def fetch_upstream() -> Path:
     _fetch_listed()
     fetch_locked_wheels(sandbox_verl_lock())
     fetch_package_dependencies()
-    return _upstream_dir()
+    return UPSTREAM_DIR
 
 
 def _fetch_listed() -> None:
-    upstream_dir = _upstream_dir()
+    upstream_dir = UPSTREAM_DIR
     stamp = upstream_dir / ".fetched"
     wanted = "\n".join(f"{k} {r}" for k, r in upstream_requirements())
     if stamp.exists() and stamp.read_text() == wanted:
@@ -116,7 +99,7 @@ def sandbox_verl_lock() -> Path:
 
 def locked_files_dir(lock: Path) -> Path:
     """Where fetch_locked_wheels keeps the files of one lock (keyed by the lock's own name)."""
-    return _upstream_dir() / "locked" / lock.name.removesuffix(".txt")
+    return UPSTREAM_DIR / "locked" / lock.name.removesuffix(".txt")
 
 
 def fetch_locked_wheels(lock: Path) -> Path:
@@ -163,14 +146,13 @@ def fetch_locked_wheels(lock: Path) -> Path:
 def package_dependencies_dir() -> Path:
     """Wheels of p40fleet's own dependencies (pyproject.toml, pinned by constraints.txt), for installing the
     p40fleet wheel into a fresh venv offline (python/tests/test_wheel.py)."""
-    return _upstream_dir() / "p40fleet-dependencies"
+    return UPSTREAM_DIR / "p40fleet-dependencies"
 
 
 def fetch_package_dependencies() -> Path:
     """Download the wheels p40fleet's dependencies install from, once per dependency list and constraints."""
-    checkout = _checkout()
-    dependencies = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["dependencies"]
-    constraints = checkout / "constraints.txt"
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    constraints = REPO_ROOT / "constraints.txt"
     dest = package_dependencies_dir()
     stamp = dest / ".fetched"
     wanted = hashlib.sha256(("\n".join(dependencies) + "\n").encode() + constraints.read_bytes()).hexdigest()
@@ -194,12 +176,12 @@ def fetch_package_dependencies() -> Path:
 
 
 def _builders() -> list[Path]:
-    return sorted(p for p in _builders_dir().glob("*.py") if not p.name.startswith("_"))
+    return sorted(p for p in BUILDERS_DIR.glob("*.py") if not p.name.startswith("_"))
 
 
 def standins_hash() -> str:
     digest = hashlib.sha256()
-    builders = _builders_dir()
+    builders = BUILDERS_DIR
     for path in sorted(p for p in builders.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(str(path.relative_to(builders)).encode())
         digest.update(path.read_bytes())
