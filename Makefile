@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
+# The harness's commands (sandbox, demo, fixtures): python/p40fleet_dev, in the checkout's venv only, not the wheel.
+DEV := $(BIN)/python -m p40fleet_dev
 PYTHON ?= python3
 # What a controller needs to provision: ssh (Ansible's connection), git (`p40fleet bundle` clones the pinned
 # Apex and verl) and the CA certificates TLS checks against.
@@ -63,7 +65,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 # Real upstream files the tests use (verl's sdist, wheels for its config, the wheels p40fleet's own wheel
 # installs with), fetched before any test.
 fixtures: venv
-	$(BIN)/p40fleet fixtures
+	$(DEV) fixtures
 
 lint: venv
 	$(BIN)/yamllint --strict .
@@ -90,10 +92,10 @@ faults: sandbox-deps
 	P40FLEET_FAULTS=full $(BIN)/pytest python/tests/faults $$($(BIN)/python python/tests/faults/cases.py --reused)
 
 demo: sandbox-deps
-	$(BIN)/p40fleet demo --report .runs/demo-report.json
+	$(DEV) demo --report .runs/demo-report.json
 
 clean:
-	-$(BIN)/p40fleet sandbox down --name demo
+	-$(DEV) sandbox down --name demo
 	rm -rf .runs .fact_cache
 
 # Figures for the speed goals (prints a table, writes .runs/bench.json, never fails on time); a small version:

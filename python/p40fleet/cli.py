@@ -1,15 +1,15 @@
-"""The p40fleet command: provision a fleet, run the sandbox, and report in a form scripts can trust.
+"""The p40fleet command: provision a fleet and report in a form scripts can trust.
 
 Exit codes (also in README.md):
-  0  every host converged (and, for `demo`, the second run changed nothing); for `run
+  0  every host converged; for `run
      --retry-failed`, also: the last run had no failed or unreachable host, nothing to retry
-  1  p40fleet itself could not run (bad arguments, missing inventory, podman or ansible missing,
+  1  p40fleet itself could not run (bad arguments, missing inventory, ansible missing,
      another run holds the inventory, --retry-failed with no previous run)
   2  one or more hosts failed
   3  one or more hosts were unreachable, none failed
   4  bad input: the inventory or a variable (inventory or -e) is invalid; found before any host
      was touched, nothing ran
-  5  `demo` only: the second run reported changes (the playbook is not idempotent)
+  5  `demo` only (python -m p40fleet_dev demo): the second run reported changes (the playbook is not idempotent)
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from p40fleet.api import (
     provision,
     refresh_state,
 )
-from p40fleet.fixtures import FixtureError, fetch_upstream
 from p40fleet.inputs import InventoryError, load_inventory
 from p40fleet.lock import RunLocked
 from p40fleet.progress import make_progress, one_line
 from p40fleet.run import RunError, ansible_env
-from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, LOGIN_MODES, OS_RELEASES, Sandbox, SandboxError, gpu_profiles
 from p40fleet.state import StateDir
 
 __all__ = [
@@ -54,47 +52,7 @@ __all__ = [
     "main",
 ]
 
-DEMO_PROFILES = ("p40", "p40-old-smi", "p40x2")
-
 console = Console(stderr=True, highlight=False)
-
-
-def _profiles(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
-
-
-def cmd_sandbox(args: argparse.Namespace) -> int:
-    sandbox = Sandbox(args.name)
-    if args.sandbox_command == "up":
-        if args.profiles:
-            profiles = _profiles(args.profiles)
-        else:
-            profiles = [DEMO_PROFILES[i % len(DEMO_PROFILES)] for i in range(args.hosts)]
-        console.print(f"Starting sandbox [bold]{args.name}[/] with {len(profiles)} host(s): {', '.join(profiles)}")
-        for host in sandbox.up(profiles, login=args.login, os_name=args.os):
-            console.print(f"  {host.name:8} {host.address:15} {host.profile}")
-        if args.login == "sudo-password":
-            console.print(f"sudo password of ops (for --become-password-file): {sandbox.become_password_file}")
-        print(sandbox.inventory_dir)
-    elif args.sandbox_command == "down":
-        sandbox.down()
-        console.print(f"Sandbox {args.name} removed.")
-    elif args.sandbox_command == "status":
-        hosts = sandbox.hosts()
-        if not hosts:
-            console.print(f"Sandbox {args.name} is not running.")
-            return EXIT_ERROR
-        for host in hosts:
-            console.print(f"  {host.name:8} {host.address:15} {host.profile}")
-        print(sandbox.inventory_dir)
-    elif args.sandbox_command == "set-profile":
-        sandbox.set_profile(args.host, args.profile)
-        console.print(f"{args.host}: GPU profile now {args.profile}")
-    elif args.sandbox_command == "profiles":
-        for name, spec in gpu_profiles().items():
-            gpus = ", ".join(g["name"] for g in spec["gpus"]) or "no GPU"
-            print(f"{name:24} driver {spec['driver_version'] or '-':12} {gpus}")
-    return EXIT_OK
 
 
 def _provision(args: argparse.Namespace, inventory: Path, label: str):
@@ -144,33 +102,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         report_mod.print_summary(console, summary)
     report_mod.write_report(summary, args.report)
     return result.exit_code
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    sandbox = Sandbox(args.name)
-    profiles = _profiles(args.profiles) if args.profiles else list(DEMO_PROFILES)
-    console.print(f"[bold]p40fleet demo[/]: sandbox {args.name} with {', '.join(profiles)}")
-    sandbox.up(profiles, login=args.login, os_name=args.os)
-    if args.login == "sudo-password" and args.become_password_file is None:
-        args.become_password_file = sandbox.become_password_file
-    first = _provision(args, sandbox.inventory_dir, "first run")
-    second = _provision(args, sandbox.inventory_dir, "second run") if first.exit_code == EXIT_OK else None
-    runs = [("first run", first)] + ([("second run", second)] if second else [])
-    summary = report_mod.build_report(runs)
-    report_mod.print_summary(console, summary)
-    report_mod.write_report(summary, args.report)
-    if first.exit_code != EXIT_OK:
-        return first.exit_code
-    if second.exit_code != EXIT_OK:
-        return second.exit_code
-    changed = {host: r.stats.changed for host, r in second.hosts.items() if r.stats.changed}
-    if changed:
-        console.print(f"[red]Second run changed something:[/] {changed}")
-        return EXIT_NOT_IDEMPOTENT
-    console.print("[green]Second run: changed=0 on every host.[/]")
-    if not args.keep:
-        sandbox.down()
-    return EXIT_OK
 
 
 def _record_line(record: fleet.HostRecord) -> str:
@@ -288,12 +219,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return EXIT_OK if complete and not any(c.get("error") for c in clusters.values()) else EXIT_HOSTS_FAILED
 
 
-def cmd_fixtures(args: argparse.Namespace) -> int:
-    path = fetch_upstream()
-    console.print(f"Upstream fixtures in {path}")
-    return EXIT_OK
-
-
 def cmd_fetch(args: argparse.Namespace) -> int:
     from p40fleet.fetch import FetchError, fill_controller_cache
 
@@ -334,10 +259,6 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-LOGIN_HELP = (
-    "how Ansible logs in: sudo (the ordinary user ops, password-less sudo), sudo-password (ops, sudo asks"
-    f" for a password made per sandbox) or root (default {DEFAULT_LOGIN})"
-)
 BECOME_PASSWORD_HELP = (
     "file holding the sudo password (first line); passed to ansible-playbook as --become-password-file,"
     " so the password itself reaches no runner artifact or log"
@@ -420,37 +341,6 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     report.set_defaults(func=cmd_report)
 
-    demo = sub.add_parser("demo", parents=[state], help="provision a sandbox fleet end to end, twice, and report")
-    demo.add_argument("--name", default="demo")
-    demo.add_argument("--profiles", help=f"comma-separated GPU profiles (default {','.join(DEMO_PROFILES)})")
-    demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
-    demo.add_argument("--report", type=Path)
-    demo.add_argument("--login", choices=LOGIN_MODES, default=DEFAULT_LOGIN, help=LOGIN_HELP)
-    demo.add_argument("--os", choices=sorted(OS_RELEASES), default=DEFAULT_OS, help="the sandbox hosts' release")
-    demo.add_argument(
-        "--become-password-file",
-        type=Path,
-        help=BECOME_PASSWORD_HELP + " (default with --login sudo-password: the sandbox's own)",
-    )
-    demo.set_defaults(func=cmd_demo)
-
-    sandbox = sub.add_parser("sandbox", help="simulated GPU hosts in containers, over real SSH")
-    named = argparse.ArgumentParser(add_help=False)
-    named.add_argument("--name", default="default", help="sandbox name (default: default)")
-    ssub = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    up = ssub.add_parser("up", parents=[named])
-    up.add_argument("--hosts", type=int, default=3)
-    up.add_argument("--profiles", help="comma-separated GPU profiles, one host each (see `profiles`)")
-    up.add_argument("--login", choices=LOGIN_MODES, default=DEFAULT_LOGIN, help=LOGIN_HELP)
-    up.add_argument("--os", choices=sorted(OS_RELEASES), default=DEFAULT_OS, help="the hosts' release")
-    ssub.add_parser("down", parents=[named])
-    ssub.add_parser("status", parents=[named])
-    ssub.add_parser("profiles", parents=[named])
-    setp = ssub.add_parser("set-profile", parents=[named])
-    setp.add_argument("host")
-    setp.add_argument("profile")
-    sandbox.set_defaults(func=cmd_sandbox)
-
     cluster = sub.add_parser("cluster", help="Ray clusters across hosts (playbooks/cluster.yml forms them)")
     csub = cluster.add_subparsers(dest="cluster_command", required=True)
     cstatus = csub.add_parser("status", help="members, GPUs, alive or not, the last job and its state (read-only)")
@@ -458,9 +348,6 @@ def parser() -> argparse.ArgumentParser:
     cstatus.add_argument("--json", type=Path, help="write the status as JSON here (schema p40fleet.cluster-status/v1)")
     cstatus.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     cluster.set_defaults(func=cmd_cluster)
-
-    fixtures = sub.add_parser("fixtures", help="fetch the real upstream files the tests use (PyPI)")
-    fixtures.set_defaults(func=cmd_fixtures)
 
     fetch = sub.add_parser("fetch", help="download every pinned artifact into the controller cache (verified)")
     fetch.add_argument("-i", "--inventory", default="inventory/hosts.yml")
@@ -479,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (SandboxError, RunError, RunLocked, FixtureError, ValueError) as error:
+    except (RunError, RunLocked, ValueError) as error:
         console.out(f"p40fleet: {error}", highlight=False)
         return EXIT_ERROR
 

@@ -6,22 +6,14 @@ Installed from the wheel, they are the copy of the collection the wheel carries 
 with importlib.resources; setup.py puts it there). Runs keep their state in the state directory either way
 (p40fleet.state).
 
-What only the sandbox and the tests use (the repository itself, the stand-ins, the test fixtures, the tests'
-output) exists in a checkout only: reading REPO_ROOT, STANDINS_DIR, UPSTREAM_LIST, UPSTREAM_DIR or RUNS_DIR
-elsewhere raises CheckoutRequired, which says so.
+What only the sandbox and the tests use (the checkout's caches, the stand-ins, the tests' output) is the
+development harness's (p40fleet_dev.paths), which no wheel carries.
 """
 
 from __future__ import annotations
 
-import os
 from importlib import resources
 from pathlib import Path
-
-from p40fleet.state import default_state_dir
-
-
-class CheckoutRequired(RuntimeError):
-    """A checkout-only path was asked for by an installed p40fleet."""
 
 
 def _find_checkout() -> Path | None:
@@ -43,11 +35,6 @@ def _packaged_collection() -> Path:
     return collection
 
 
-def _user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "p40fleet"
-
-
 # The checkout this p40fleet runs from, or None when it is installed from the wheel.
 CHECKOUT: Path | None = _find_checkout()
 
@@ -57,41 +44,3 @@ SITE_PLAYBOOK = ANSIBLE_DIR / "site.yml"
 ANSIBLE_CONFIG = ANSIBLE_DIR / "ansible.cfg"
 ROLES_DIR = ANSIBLE_DIR / "roles"
 PLAYBOOKS_DIR = ANSIBLE_DIR / "playbooks"
-
-if CHECKOUT is not None:
-    CACHE_DIR = CHECKOUT / ".cache"
-    SANDBOX_DIR = CHECKOUT / ".sandbox"
-    # Checkout-only (see the module docstring).
-    RUNS_DIR = CHECKOUT / ".runs"
-    REPO_ROOT = CHECKOUT
-    UPSTREAM_DIR = CACHE_DIR / "upstream"
-    STANDINS_DIR = CHECKOUT / "python" / "tests" / "fixtures" / "standins"
-    UPSTREAM_LIST = CHECKOUT / "python" / "tests" / "fixtures" / "upstream.txt"
-else:
-    CACHE_DIR = _user_cache_dir()
-    # No sandbox outside a checkout (p40fleet.sandbox says so); no inventory is ever under this.
-    SANDBOX_DIR = default_state_dir() / "sandbox"
-
-_CHECKOUT_ONLY = {
-    "REPO_ROOT": "the p40fleet repository",
-    "UPSTREAM_DIR": "the test fixtures fetched from upstream",
-    "STANDINS_DIR": "the sandbox's stand-in artifacts",
-    "UPSTREAM_LIST": "the list of upstream test fixtures",
-    "RUNS_DIR": "the tests' and the demo's output",
-}
-
-
-def checkout(purpose: str) -> Path:
-    """The checkout, or CheckoutRequired naming what needed it."""
-    if CHECKOUT is None:
-        raise CheckoutRequired(
-            f"a p40fleet checkout is needed for this ({purpose}: the sandbox, its stand-ins and the test fixtures are"
-            " not in the installed package): clone the repository and run p40fleet from it (make deps)"
-        )
-    return CHECKOUT
-
-
-def __getattr__(name: str):
-    if name in _CHECKOUT_ONLY:
-        checkout(_CHECKOUT_ONLY[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

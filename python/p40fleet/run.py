@@ -25,7 +25,7 @@ from pathlib import Path
 import ansible_runner
 from ansible_runner.utils import signal_handler
 
-from p40fleet.paths import ANSIBLE_CONFIG, SANDBOX_DIR
+from p40fleet.paths import ANSIBLE_CONFIG
 from p40fleet.state import StateDir, default_keep_runs, now
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
@@ -178,9 +178,6 @@ def ansible_env(inventory: Path, envvars: dict | None = None, pass_env: Iterable
             **mitogen_envvars(),
         }
     )
-    if inventory.is_relative_to(SANDBOX_DIR):
-        # Sandboxes reuse host names (node1...): keep their fact caches apart.
-        env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(inventory.parent / "fact_cache"))
     env.update(envvars or {})
     return env
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT, RUNS_DIR
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
-from p40fleet.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
+from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
+from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
 
 PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") is None
 # Runs the tests make are kept in the checkout's .runs/, not in the user's own state directory.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p40fleet.sandbox import Sandbox
+from p40fleet_dev.sandbox import Sandbox
 
 
 def sh(fleet: Sandbox, host: str, command: str) -> str:

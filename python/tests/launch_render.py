@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from p40fleet.paths import REPO_ROOT
 from p40fleet.run import run_playbook
+from p40fleet_dev.paths import REPO_ROOT
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
 PREFLIGHT = yaml.safe_load((REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml").read_text())

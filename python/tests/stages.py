@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 STAGES = tuple(
     yaml.safe_load((REPO_ROOT / "roles" / "fleet_state" / "defaults" / "main.yml").read_text())["fleet_state_stages"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT, STANDINS_DIR
+from p40fleet_dev.paths import REPO_ROOT, STANDINS_DIR
 from tests.source_modules import load_module
 
 ARTIFACTS = STANDINS_DIR / "artifacts"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 ROLES = sorted(p for p in (REPO_ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
 

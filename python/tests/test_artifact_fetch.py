@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 
-from p40fleet.sandbox import Sandbox, podman
+from p40fleet_dev.sandbox import Sandbox, podman
 
 pytestmark = pytest.mark.sandbox
 

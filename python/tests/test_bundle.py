@@ -40,8 +40,8 @@ from p40fleet.bundle import (
     supported_tags,
 )
 from p40fleet.fetch import FetchError
-from p40fleet.paths import REPO_ROOT
-from p40fleet.sandbox import PODMAN_PREFIX, Sandbox, _wait_for_port, ensure_image, podman
+from p40fleet_dev.paths import REPO_ROOT
+from p40fleet_dev.sandbox import PODMAN_PREFIX, Sandbox, _wait_for_port, ensure_image, podman
 from tests.host_state import sh
 from tests.http_server import FileServer, serve_directory, serve_files
 

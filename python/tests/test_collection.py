@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from p40fleet.collection import collection_files
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 CHECKOUT_ONLY = (".venv/", ".cache/", ".sandbox/", ".runs/", ".fact_cache/", "python/", "molecule/", "build/")
 

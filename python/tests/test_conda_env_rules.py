@@ -11,7 +11,7 @@ import hashlib
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 FILTERS = load_module(REPO_ROOT / "roles" / "conda_env" / "filter_plugins" / "conda_env.py", "conda_env_filter")

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.host_state import sh
 from tests.stages import STAGES
 

@@ -14,7 +14,7 @@ import shlex
 import pytest
 import yaml
 
-from p40fleet.sandbox import Sandbox
+from p40fleet_dev.sandbox import Sandbox
 from tests.host_state import exists, sh
 
 pytestmark = pytest.mark.sandbox

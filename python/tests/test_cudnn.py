@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from p40fleet.sandbox import Sandbox
+from p40fleet_dev.sandbox import Sandbox
 from tests.host_state import exists, sh
 
 pytestmark = pytest.mark.sandbox

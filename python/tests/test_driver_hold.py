@@ -14,8 +14,8 @@ import re
 import pytest
 
 from p40fleet import fleet as fleet_module
-from p40fleet.paths import REPO_ROOT
-from p40fleet.sandbox import Sandbox, apt_suite
+from p40fleet_dev.paths import REPO_ROOT
+from p40fleet_dev.sandbox import Sandbox, apt_suite
 
 pytestmark = pytest.mark.sandbox
 

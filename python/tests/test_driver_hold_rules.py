@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "driver_hold"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT
+from p40fleet.paths import ANSIBLE_CONFIG
+from p40fleet_dev.paths import REPO_ROOT
 from tests.host_state import exists, sh
 
 pytestmark = pytest.mark.sandbox

@@ -15,7 +15,7 @@ import yaml
 
 from p40fleet import cli
 from p40fleet.fetch import NETWORK_CHUNK, Download, Fetcher, FetchError, controller_cache_downloads, read_pins
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.http_server import FileServer, serve_files
 
 SIZE = 3 * 1024 * 1024 + 123

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 path_module = load_module(REPO_ROOT / "roles" / "fleet_state" / "library" / "fleet_state_path.py", "fleet_state_path")

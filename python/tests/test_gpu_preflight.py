@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT
-from p40fleet.sandbox import LOGIN_USER, Sandbox
+from p40fleet_dev.paths import REPO_ROOT
+from p40fleet_dev.sandbox import LOGIN_USER, Sandbox
 
 pytestmark = pytest.mark.sandbox
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT
 from p40fleet.run import run_playbook
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "gpu_preflight"

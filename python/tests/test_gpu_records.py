@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 

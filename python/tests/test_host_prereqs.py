@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "host_prereqs"

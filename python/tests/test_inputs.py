@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from p40fleet import api, cli, inputs
-from p40fleet.paths import REPO_ROOT, SITE_PLAYBOOK
+from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import ansible_env
 from p40fleet.state import StateDir
+from p40fleet_dev.paths import REPO_ROOT
 
 NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from p40fleet.fleet import smoke_results
-from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.launch_render import parse_printed, preflight_profile, render
 
 ROLE = REPO_ROOT / "roles" / "launch_script"

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 smoke = load_module(REPO_ROOT / "roles" / "launch_script" / "files" / "launch_script_smoke.py", "launch_script_smoke")

@@ -15,8 +15,8 @@ import pytest
 
 from p40fleet import cli
 from p40fleet.lock import RunLocked, inventory_lock
-from p40fleet.paths import REPO_ROOT
 from p40fleet.state import StateDir
+from p40fleet_dev.paths import REPO_ROOT
 from tests.local_hosts import local_inventory
 
 WAIT_PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "local_wait.yml"

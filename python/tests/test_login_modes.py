@@ -11,8 +11,8 @@ import pytest
 
 from p40fleet import cli
 from p40fleet.run import RunError, run_playbook
-from p40fleet.sandbox import APT_HOSTNAME, LOGIN_USER, Sandbox
 from p40fleet.state import StateDir
+from p40fleet_dev.sandbox import APT_HOSTNAME, LOGIN_USER, Sandbox
 
 pytestmark = pytest.mark.sandbox
 

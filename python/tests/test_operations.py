@@ -9,7 +9,7 @@ import json
 import pytest
 
 from p40fleet import cli
-from p40fleet.sandbox import Sandbox, podman
+from p40fleet_dev.sandbox import Sandbox, podman
 
 from .conftest import TEST_OUTPUT
 from .test_fleet_report import CHROMIUM, screenshot

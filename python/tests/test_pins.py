@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 PINS = REPO_ROOT / "inventory" / "group_vars" / "p40-hosts" / "pins.yml"
 

@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from p40fleet.sandbox import Sandbox
+from p40fleet_dev.sandbox import Sandbox
 
 # converge: the module's fixture takes fresh hosts through the pipeline (minutes).
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]

@@ -15,7 +15,7 @@ import shlex
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 # converge: the module's fixture takes fresh hosts through the pipeline (minutes).
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]

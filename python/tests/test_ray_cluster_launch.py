@@ -17,8 +17,8 @@ import zipfile
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
 from p40fleet.run import run_playbook
+from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.launch_render import INPUTS, preflight_profile, render
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_submit.yml"

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 RULES = load_module(REPO_ROOT / "roles" / "ray_cluster" / "filter_plugins" / "ray_cluster.py", "ray_cluster_filter")

@@ -12,7 +12,7 @@ import re
 
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 TASK_FILES = sorted(REPO_ROOT.glob("roles/*/tasks/*.yml"))
 # Task name -> what pins what it installs.

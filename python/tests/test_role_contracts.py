@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 ROLES = REPO_ROOT / "roles"
 

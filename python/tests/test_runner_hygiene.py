@@ -10,9 +10,9 @@ import secrets
 
 import p40fleet
 from p40fleet import api, state
-from p40fleet.paths import REPO_ROOT
 from p40fleet.run import REDACTED, redact_env
 from p40fleet.state import StateDir
+from p40fleet_dev.paths import REPO_ROOT
 from tests.local_hosts import local_inventory
 
 SECRETS_PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "local_secrets.yml"

@@ -9,7 +9,7 @@ import yaml
 
 from p40fleet import cli
 from p40fleet.paths import ROLES_DIR
-from p40fleet.sandbox import SANDBOX_DISK_GIB, Sandbox, SandboxError, gpu_profiles, podman, sandbox_disk_checks
+from p40fleet_dev.sandbox import SANDBOX_DISK_GIB, Sandbox, SandboxError, gpu_profiles, podman, sandbox_disk_checks
 
 pytestmark = pytest.mark.sandbox
 

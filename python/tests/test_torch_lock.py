@@ -23,8 +23,8 @@ from packaging.utils import canonicalize_name
 
 from p40fleet.bundle import bundle_downloads
 from p40fleet.fetch import HostPins
-from p40fleet.fixtures import locked_files_dir, sandbox_verl_lock
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.fixtures import locked_files_dir, sandbox_verl_lock
+from p40fleet_dev.paths import REPO_ROOT
 from tests.host_state import sh
 from tests.http_server import serve_directory
 from tests.source_modules import load_module

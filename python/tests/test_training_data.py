@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p40fleet.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR
+from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR
 from tests.source_modules import load_module
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "training_data.yml"

@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.local_hosts import run_verl_role
 
 PINNED = "8d9e350ea58c7ad4b50dd14d9dcb50577242c55f"  # volcengine/verl v0.4.1

@@ -22,8 +22,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
-from p40fleet.fixtures import SANDBOX_PYTHON, locked_files_dir, sandbox_verl_lock
-from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+from p40fleet_dev.fixtures import SANDBOX_PYTHON, locked_files_dir, sandbox_verl_lock
+from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.local_hosts import run_verl_role
 
 VERL_FILES = REPO_ROOT / "roles" / "verl" / "files"

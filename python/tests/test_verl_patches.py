@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p40fleet.paths import REPO_ROOT, UPSTREAM_DIR
+from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "verl_patches.yml"
 SDIST_DIR = UPSTREAM_DIR / "sdist"

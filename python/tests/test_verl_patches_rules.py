@@ -11,7 +11,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "verl_patches"

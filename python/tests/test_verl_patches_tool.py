@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 TOOL_PATH = REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_tool.py"

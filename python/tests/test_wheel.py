@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from p40fleet.collection import collection_files
-from p40fleet.fixtures import package_dependencies_dir
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.fixtures import package_dependencies_dir
+from p40fleet_dev.paths import REPO_ROOT
 
 
 def offline_env(**extra: str) -> dict[str, str]:
@@ -73,12 +73,25 @@ def test_the_wheel_carries_the_collection(wheel):
     assert carried == collection_files(REPO_ROOT)
 
 
-def test_the_installed_package_finds_its_own_roles_and_refuses_the_sandbox(installed):
+def test_the_wheel_carries_no_harness(wheel):
+    """The sandbox, the test fixtures and their commands are the checkout's (p40fleet_dev), not the operator's."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    modules = sorted(n for n in names if n.endswith(".py") and not n.startswith("p40fleet/collection/"))
+    assert [n for n in names if n.startswith("p40fleet_dev")] == []
+    assert "p40fleet/sandbox.py" not in modules and "p40fleet/fixtures.py" not in modules, modules
+    assert [n for n in modules if not n.startswith("p40fleet/")] == [], modules
+    assert "p40fleet_dev" not in entry_points
+
+
+def test_the_installed_package_finds_its_own_roles_and_has_no_harness(installed):
     probe = (
-        "import json, p40fleet.paths as p\n"
-        "try:\n    p.STANDINS_DIR\n    refused = ''\nexcept p.CheckoutRequired as error:\n    refused = str(error)\n"
+        "import importlib.util, json, p40fleet.paths as p\n"
+        "harness = ('p40fleet_dev', 'p40fleet.sandbox', 'p40fleet.fixtures')\n"
+        "harness = [m for m in harness if importlib.util.find_spec(m)]\n"
         "print(json.dumps({'checkout': str(p.CHECKOUT), 'ansible_dir': str(p.ANSIBLE_DIR),"
-        " 'site': str(p.SITE_PLAYBOOK), 'refused': refused}))"
+        " 'site': str(p.SITE_PLAYBOOK), 'harness': harness}))"
     )
     env = installed_env(installed)
     result = run([installed["venv"] / "bin" / "python", "-c", probe], cwd=installed["work"], env=env)
@@ -88,11 +101,12 @@ def test_the_installed_package_finds_its_own_roles_and_refuses_the_sandbox(insta
     assert paths["checkout"] == "None"
     assert paths["ansible_dir"] == str(site_packages / "p40fleet" / "collection")
     assert Path(paths["site"]).is_file()
-    assert "a p40fleet checkout is needed" in paths["refused"]
+    assert paths["harness"] == []
 
-    sandbox = run([installed["venv"] / "bin" / "p40fleet", "sandbox", "profiles"], cwd=installed["work"], env=env)
-    assert sandbox.returncode == 1
-    assert "checkout" in sandbox.stderr and "Traceback" not in sandbox.stderr
+    # The operator's command has no sandbox, demo or fixtures: argparse refuses them as unknown commands.
+    for command in ("sandbox", "demo", "fixtures"):
+        refused = run([installed["venv"] / "bin" / "p40fleet", command], cwd=installed["work"], env=env)
+        assert refused.returncode == 2 and "invalid choice" in refused.stderr, refused.stderr
 
 
 @pytest.mark.sandbox

@@ -45,10 +45,11 @@ from pathlib import Path
 
 import ansible.release
 
-from p40fleet import fixtures
-from p40fleet.paths import REPO_ROOT, RUNS_DIR, SITE_PLAYBOOK
+from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import MITOGEN_SWITCH, RunError, ansible_env, mitogen_envvars, run_playbook
-from p40fleet.sandbox import Sandbox, podman
+from p40fleet_dev import fixtures
+from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
+from p40fleet_dev.sandbox import Sandbox, podman
 
 SCHEMA = "p40fleet.bench/v1"
 FACTS_PING = REPO_ROOT / "python" / "tests" / "playbooks" / "facts_ping.yml"
@@ -151,8 +152,11 @@ def via_runner(
 
 
 def _subprocess_env(inventory: Path, envvars: dict | None = None) -> dict[str, str]:
-    # What run_playbook gives ansible-runner, so every path runs the same configuration.
-    return ansible_env(inventory.resolve(), envvars)
+    # What run_playbook gives ansible-runner, so every path runs the same configuration; the sandbox's hosts keep
+    # their facts in the sandbox's own cache (its host names are every sandbox's), removed with it.
+    env = ansible_env(inventory.resolve(), envvars)
+    env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(inventory.resolve().parent / "fact_cache"))
+    return env
 
 
 def _recap_stats(stdout: str) -> dict[str, dict[str, int]]:
@@ -735,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sandbox.down()
             except Exception as error:  # the figures are written all the same; say what is left running
-                log(f"could not remove sandbox bench ({error}): run `p40fleet sandbox down --name bench`")
+                log(f"could not remove sandbox bench ({error}): run `python -m p40fleet_dev sandbox down --name bench`")
     print_table(data)
     return 1 if "error" in data else 0
 

@@ -23,10 +23,10 @@ from tests.faults.tools import CONDA_TMPFS, MODEL_REPO, MirrorServer, ProcessSam
 from tests.stages import STAGES as SITE_STAGES
 
 from p40fleet import cli
-from p40fleet.paths import REPO_ROOT
 from p40fleet.run import RunResult
-from p40fleet.sandbox import Sandbox, podman, sandbox_disk_checks
 from p40fleet.state import StateDir
+from p40fleet_dev.paths import REPO_ROOT
+from p40fleet_dev.sandbox import Sandbox, podman, sandbox_disk_checks
 
 FULL = os.environ.get("P40FLEET_FAULTS") == "full"
 # P40FLEET_FAULTS_KEEP=1 leaves the fleet running after the session (to iterate on one case); the next session

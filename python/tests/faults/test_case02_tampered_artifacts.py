@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from tests.faults.tools import MirrorServer
 
-from p40fleet import fixtures
-from p40fleet.sandbox import podman
+from p40fleet_dev import fixtures
+from p40fleet_dev.sandbox import podman
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(2)]
 

@@ -20,7 +20,7 @@ import pytest
 from tests.faults.tools import BIN, HostTrap
 
 from p40fleet import cli
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(3)]
 

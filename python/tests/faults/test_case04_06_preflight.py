@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from tests.faults.tools import written_since
 
-from p40fleet.sandbox import podman
+from p40fleet_dev.sandbox import podman
 
 pytestmark = pytest.mark.sandbox
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from tests.test_verl_patches import changed_file_message
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 pytestmark = pytest.mark.sandbox
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from tests.faults.tools import written_since
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 
 pytestmark = pytest.mark.fault_case(9)
 

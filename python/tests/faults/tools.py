@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from p40fleet.paths import ANSIBLE_CONFIG, REPO_ROOT
-from p40fleet.sandbox import LOGIN_USER, Sandbox, podman
+from p40fleet.paths import ANSIBLE_CONFIG
+from p40fleet_dev.paths import REPO_ROOT
+from p40fleet_dev.sandbox import LOGIN_USER, Sandbox, podman
 
 HERE = Path(__file__).resolve().parent
 TRAP_SCRIPT = HERE / "host_trap.py"

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from p40fleet.paths import CACHE_DIR, REPO_ROOT, UPSTREAM_DIR
 from p40fleet.run import run_playbook
+from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, UPSTREAM_DIR
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 

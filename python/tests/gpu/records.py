@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from p40fleet.paths import REPO_ROOT
+from p40fleet_dev.paths import REPO_ROOT
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 

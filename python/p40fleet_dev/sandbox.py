@@ -31,8 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from p40fleet import fixtures, paths
-from p40fleet.paths import CACHE_DIR, ROLES_DIR, SANDBOX_DIR
+from p40fleet.paths import ROLES_DIR
+from p40fleet_dev import fixtures
+from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, SANDBOX_DIR, STANDINS_DIR
 
 IMAGE_NAME = "localhost/p40fleet-sandbox"
 # Sandbox.replicate's copies of a host's disk, one tag per sandbox, removed with it.
@@ -76,7 +77,7 @@ cgroup_manager = "cgroupfs"
 
 # Podman names are machine-wide: two checkouts on one machine (or CI beside a developer) must not
 # share containers or networks, so every name carries a short hash of the checkout's path.
-PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(paths.CHECKOUT or SANDBOX_DIR).encode()).hexdigest()[:6]}"
+PODMAN_PREFIX = f"p40fleet-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]}"
 
 # How Ansible logs in: by default as an ordinary user with password-less sudo, as on a real fleet;
 # or with sudo asking for a password; or as root.
@@ -112,16 +113,8 @@ def sandbox_disk_checks(**min_free_gib: int) -> list[dict]:
     return checks
 
 
-def standins_dir() -> Path:
-    """The stand-ins (python/tests/fixtures/standins/): the sandbox exists in a checkout only."""
-    try:
-        return paths.checkout("the sandbox") / "python" / "tests" / "fixtures" / "standins"
-    except paths.CheckoutRequired as error:
-        raise SandboxError(str(error)) from None
-
-
 def host_standins() -> Path:
-    return standins_dir() / "host"
+    return STANDINS_DIR / "host"
 
 
 def gpu_profiles() -> dict[str, dict]:
@@ -412,7 +405,6 @@ class Sandbox:
     """One sandbox fleet, named; its state lives in .sandbox/<name>/."""
 
     def __init__(self, name: str = "default") -> None:
-        standins_dir()  # a clear error outside a checkout, before anything is started
         if not name.replace("-", "").replace("_", "").isalnum():
             raise SandboxError(f"sandbox name {name!r}: use letters, digits, '-' and '_' only")
         self.name = name
@@ -576,7 +568,7 @@ class Sandbox:
             "-v",
             f"{APT_SUITES_DIR}:/srv/apt-suites:ro",
             "-v",
-            f"{standins_dir() / 'hub_server.py'}:/srv/hub_server.py:ro",
+            f"{STANDINS_DIR / 'hub_server.py'}:/srv/hub_server.py:ro",
             image,
             "sh",
             "-c",
@@ -694,7 +686,7 @@ class Sandbox:
         group_vars.mkdir(parents=True, exist_ok=True)
         pins = group_vars / "p40-hosts"
         if not pins.exists():
-            pins.symlink_to(paths.checkout("the sandbox") / "inventory" / "group_vars" / "p40-hosts")
+            pins.symlink_to(REPO_ROOT / "inventory" / "group_vars" / "p40-hosts")
         self._write_hosts_file(hosts)
         mirror = self._address(self.mirror_container)
         # Every host of a sandbox shares one login mode; only `--login root` logs in as root.

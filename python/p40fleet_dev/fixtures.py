@@ -1,7 +1,7 @@
 """Test fixtures the sandbox serves: real upstream files fetched ahead of time, and stand-ins.
 
 Real third-party files (verl's sdist and the wheels its config needs) are fetched from PyPI by
-`p40fleet fixtures fetch` (run by `make fixtures`), never at test time, and so are the real files of
+`python -m p40fleet_dev fixtures` (run by `make fixtures`), never at test time, and so are the real files of
 the sandbox's verl dependency lock (fetch_locked_wheels), which the sandbox mirror serves, and the wheels of
 p40fleet's own dependencies (fetch_package_dependencies: a fresh venv installs the p40fleet wheel offline).
 Stand-ins for what cannot be downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are
@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -24,37 +22,26 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from p40fleet import paths
-from p40fleet.paths import CACHE_DIR, ROLES_DIR
+import requests
 
+from p40fleet.bundle import LinkFinder, hashed_downloads, parse_hashed_requirements
+from p40fleet.fetch import Fetcher, FetchError
+from p40fleet.paths import ROLES_DIR
+from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
+
+# The modules that build the stand-ins, one per artifact.
+BUILDERS_DIR = STANDINS_DIR / "artifacts"
 VERL_LOCKS_DIR = ROLES_DIR / "verl" / "files"
 # The sandbox env's Python is the hosts' python3 (Debian 12), which the Miniconda stand-in can only give, and
 # the verl release the sandbox installs: together they pick the lock whose real wheels the mirror serves.
 SANDBOX_PYTHON = "3.11"
 SANDBOX_VERL = "0.4.1"
+# Where the locks' files come from: PyPI's simple API, as pip reads it.
+PYPI_SIMPLE = "https://pypi.org/simple"
 
 
 class FixtureError(RuntimeError):
     pass
-
-
-def _checkout() -> Path:
-    try:
-        return paths.checkout("the test fixtures")
-    except paths.CheckoutRequired as error:
-        raise FixtureError(str(error)) from None
-
-
-def _builders_dir() -> Path:
-    return _checkout() / "python" / "tests" / "fixtures" / "standins" / "artifacts"
-
-
-def _upstream_dir() -> Path:
-    return _checkout() / ".cache" / "upstream"
-
-
-def _upstream_list() -> Path:
-    return _checkout() / "python" / "tests" / "fixtures" / "upstream.txt"
 
 
 @dataclass
@@ -65,7 +52,7 @@ class StandinArtifacts:
 
 def upstream_requirements() -> list[tuple[str, str]]:
     """The (kind, requirement) pairs listed in upstream.txt; kind is sdist or wheel."""
-    upstream_list = _upstream_list()
+    upstream_list = UPSTREAM_LIST
     if not upstream_list.exists():
         return []
     entries = []
@@ -85,11 +72,11 @@ def fetch_upstream() -> Path:
     _fetch_listed()
     fetch_locked_wheels(sandbox_verl_lock())
     fetch_package_dependencies()
-    return _upstream_dir()
+    return UPSTREAM_DIR
 
 
 def _fetch_listed() -> None:
-    upstream_dir = _upstream_dir()
+    upstream_dir = UPSTREAM_DIR
     stamp = upstream_dir / ".fetched"
     wanted = "\n".join(f"{k} {r}" for k, r in upstream_requirements())
     if stamp.exists() and stamp.read_text() == wanted:
@@ -116,61 +103,49 @@ def sandbox_verl_lock() -> Path:
 
 def locked_files_dir(lock: Path) -> Path:
     """Where fetch_locked_wheels keeps the files of one lock (keyed by the lock's own name)."""
-    return _upstream_dir() / "locked" / lock.name.removesuffix(".txt")
+    return UPSTREAM_DIR / "locked" / lock.name.removesuffix(".txt")
 
 
 def fetch_locked_wheels(lock: Path) -> Path:
     """Download exactly the files a hash-pinned lock names, once, for the sandbox hosts' Python and platform.
 
-    A wheel wherever PyPI has one for CPython SANDBOX_PYTHON on manylinux x86_64; the sdist where PyPI has
-    nothing else (pip on a real host would then build it too). Every file is checked against the lock's sha256.
+    The policy and the downloader are `p40fleet bundle`'s (p40fleet.bundle.hashed_downloads, p40fleet.fetch):
+    every wheel of a pin some x86_64 glibc 2.5-2.28 host installs for CPython SANDBOX_PYTHON, the sdist where
+    PyPI has no wheel, each checked against the lock's sha256 before it moves into place. A valid file already
+    there is kept without a request, so only what the lock changed downloads.
     """
     dest = locked_files_dir(lock)
     stamp = dest / ".fetched"
-    wanted = hashlib.sha256(lock.read_bytes()).hexdigest()
+    # The policy's name is in the stamp: files fetched by an earlier policy (pip download's one wheel per pin) are
+    # looked at again, and what this one adds is fetched.
+    wanted = hashlib.sha256(b"bundle.hashed_downloads\n" + lock.read_bytes()).hexdigest()
     if stamp.exists() and stamp.read_text() == wanted:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix="fetching-"))
-    # The sandbox hosts are Debian 12 (glibc 2.36); the lock was resolved for manylinux_2_28 and older.
-    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
-    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
-    abi = "cp" + SANDBOX_PYTHON.replace(".", "")
-    command = [sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps", "--prefer-binary"]
-    command += ["--python-version", SANDBOX_PYTHON, "--implementation", "cp", "--abi", abi, "--abi", "abi3"]
-    command += ["--abi", "none", *[f"--platform={p}" for p in platforms], "-d", str(staging), "-r", str(lock)]
+    session = requests.Session()
+    pins = parse_hashed_requirements(lock.read_text(), lock.name)
     try:
-        # pip keeps a file already in the target dir when its hash is one the lock allows: only changes download.
-        for previous in dest.glob("*") if dest.exists() else []:
-            if not previous.name.startswith("."):
-                os.link(previous, staging / previous.name)
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise FixtureError(f"fetching the files of {lock.name} failed:\n{result.stdout[-4000:]}\n{result.stderr}")
-        allowed = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock.read_text()))
-        for leftover in staging.iterdir():
-            if hashlib.sha256(leftover.read_bytes()).hexdigest() not in allowed:
-                leftover.unlink()  # a file of an earlier lock
-        if dest.exists():
-            shutil.rmtree(dest)
-        (staging / ".fetched").write_text(wanted)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        downloads = hashed_downloads(pins, lock.name, SANDBOX_PYTHON, [PYPI_SIMPLE], [], dest, LinkFinder(session))
+        Fetcher(session=session).fetch_all(downloads)
+    except FetchError as error:
+        raise FixtureError(f"fetching the files of {lock.name} failed: {error}") from None
+    kept = {download.dest.name for download in downloads}
+    for leftover in dest.iterdir():
+        if not leftover.name.startswith(".") and leftover.name not in kept:
+            leftover.unlink()  # a file of an earlier lock
+    stamp.write_text(wanted)
     return dest
 
 
 def package_dependencies_dir() -> Path:
     """Wheels of p40fleet's own dependencies (pyproject.toml, pinned by constraints.txt), for installing the
     p40fleet wheel into a fresh venv offline (python/tests/test_wheel.py)."""
-    return _upstream_dir() / "p40fleet-dependencies"
+    return UPSTREAM_DIR / "p40fleet-dependencies"
 
 
 def fetch_package_dependencies() -> Path:
     """Download the wheels p40fleet's dependencies install from, once per dependency list and constraints."""
-    checkout = _checkout()
-    dependencies = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["dependencies"]
-    constraints = checkout / "constraints.txt"
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    constraints = REPO_ROOT / "constraints.txt"
     dest = package_dependencies_dir()
     stamp = dest / ".fetched"
     wanted = hashlib.sha256(("\n".join(dependencies) + "\n").encode() + constraints.read_bytes()).hexdigest()
@@ -194,12 +169,12 @@ def fetch_package_dependencies() -> Path:
 
 
 def _builders() -> list[Path]:
-    return sorted(p for p in _builders_dir().glob("*.py") if not p.name.startswith("_"))
+    return sorted(p for p in BUILDERS_DIR.glob("*.py") if not p.name.startswith("_"))
 
 
 def standins_hash() -> str:
     digest = hashlib.sha256()
-    builders = _builders_dir()
+    builders = BUILDERS_DIR
     for path in sorted(p for p in builders.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(str(path.relative_to(builders)).encode())
         digest.update(path.read_bytes())
