@@ -9,6 +9,7 @@ Outside the repository, so a checkout stays clean and an installed package has s
         lock                       held (flock) while a run against the inventory goes on
         last-report.json           the report of the last `p40fleet run` (what --retry-failed reads)
         hosts.json                 per host: the last run it took part in, the last state probe
+        listings/<sha256>.json     ansible-inventory's listing, by a hash of everything it was made from
         runs/<run id>/             ansible-runner's private data dir of each run (the last N kept)
     <state>/tmp/                   0700: extra vars files of running runs, removed when they end
 """
@@ -127,6 +128,11 @@ class InventoryState:
     @property
     def lock_path(self) -> Path:
         return self.dir / "lock"
+
+    @property
+    def listings_dir(self) -> Path:
+        """ansible-inventory's listings of this inventory, by the hash of what they were made from."""
+        return self.dir / "listings"
 
     @property
     def runs_dir(self) -> Path:
