@@ -81,8 +81,6 @@ class ExtraVars:
 
 def parse_extra_vars(arguments: Sequence[str] = ()) -> ExtraVars:
     """Parse -e arguments as ansible-playbook does: `@FILE`, a JSON/YAML mapping, or key=value pairs."""
-    from ansible.parsing.splitter import parse_kv  # ansible's own key=value parser (quotes, escapes)
-
     extra = ExtraVars()
     for argument in arguments:
         text = argument.strip()
@@ -108,6 +106,10 @@ def parse_extra_vars(arguments: Sequence[str] = ()) -> ExtraVars:
                 continue
             extra.items.append(data)
         else:
+            # Ansible's own key=value parser (quotes, escapes), imported only here: importing Ansible costs a
+            # run without key=value arguments a quarter of a second.
+            from ansible.parsing.splitter import parse_kv
+
             data = parse_kv(text, check_raw=False)
             raw = data.pop("_raw_params", None)
             if raw:
@@ -127,6 +129,9 @@ def typed(extra: ExtraVars, specs: Mapping[str, tuple[str, dict]] | None = None)
     """The -e items as the run gets them: a key=value string for a role variable becomes the type its
     argument spec says (`apex_enabled=false` the bool false, `..._timeout=60` the int 60), as the
     user meant; everything else passes as given."""
+    if not any(isinstance(item, KeyValues) for item in extra.items):
+        # Nothing to convert: neither the specs nor Ansible's validator (a quarter second to import) are needed.
+        return list(extra.items)
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
     specs = specs if specs is not None else role_variable_specs()
@@ -272,7 +277,7 @@ def listing_key(inventory: Path, argv: list[str], env: Mapping[str, str], playbo
 
 def _cached_listing(cache_dir: Path, key: str) -> dict | None:
     try:
-        return json.loads((cache_dir / f"{key}.json").read_text(encoding="utf-8"))
+        return json.loads((cache_dir / f"listing-{key}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -289,9 +294,8 @@ def _write_private_json(path: Path, data: dict) -> None:
 
 def _keep_listing(cache_dir: Path, key: str, data: dict) -> None:
     """The listing under its key, and only the last few listings."""
-    _write_private_json(cache_dir / f"{key}.json", data)
-    kept = sorted(cache_dir.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    kept = [p for p in kept if p.name != VERDICTS_FILE]
+    _write_private_json(cache_dir / f"listing-{key}.json", data)
+    kept = sorted(cache_dir.glob("listing-*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for old in kept[LISTINGS_KEPT:]:
         old.unlink(missing_ok=True)
 
@@ -357,15 +361,33 @@ def _is_literal(value) -> bool:
     return True
 
 
-def role_variable_specs(roles_dir: Path = ROLES_DIR) -> dict[str, tuple[str, dict]]:
-    """Every role variable's argument spec: name -> (role, spec of its `main` entry point)."""
+def role_variable_specs(roles_dir: Path = ROLES_DIR, cache_dir: Path | None = None) -> dict[str, tuple[str, dict]]:
+    """Every role variable's argument spec: name -> (role, spec of its `main` entry point).
+
+    With `cache_dir`, the specs are kept there as JSON under a sha256 of the spec files' text: building
+    YAML's objects took most of the tenth of a second their reading cost on every run."""
+    texts = {path: path.read_bytes() for path in sorted(roles_dir.glob("*/meta/argument_specs.yml"))}
+    kept = None
+    if cache_dir is not None:
+        digest = hashlib.sha256()
+        for path, text in texts.items():
+            digest.update(str(path).encode() + b"\0" + hashlib.sha256(text).digest())
+        kept = cache_dir / f"specs-{digest.hexdigest()}.json"
+        try:
+            return {name: (role, spec) for name, (role, spec) in json.loads(kept.read_text(encoding="utf-8")).items()}
+        except (OSError, ValueError):
+            pass
     specs: dict[str, tuple[str, dict]] = {}
-    for path in sorted(roles_dir.glob("*/meta/argument_specs.yml")):
+    for path, text in texts.items():
         role = path.parent.parent.name
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_SafeLoader) or {}
+        data = yaml.load(text, Loader=_SafeLoader) or {}
         options = ((data.get("argument_specs") or {}).get("main") or {}).get("options") or {}
         for name, spec in options.items():
             specs[name] = (role, spec)
+    if kept is not None:
+        for old in kept.parent.glob("specs-*.json"):
+            old.unlink(missing_ok=True)
+        _write_private_json(kept, specs)
     return specs
 
 
@@ -519,7 +541,8 @@ def check_inputs(
     kept = _read_verdicts(verdicts_file)
     verdicts: dict[str, str | None] = {}
     inventory_or_none = inventory or Inventory(inventory_path, [], {}, {})
-    problems += validate_variables(inventory_or_none, hosts, given, verdicts=verdicts, known=kept)
+    specs = role_variable_specs(cache_dir=cache_dir)
+    problems += validate_variables(inventory_or_none, hosts, given, specs, verdicts=verdicts, known=kept)
     if verdicts_file is not None and verdicts != kept:
         # This run's verdicts only, so the file never outgrows one inventory's values.
         _write_private_json(verdicts_file, verdicts)

@@ -9,7 +9,8 @@ Outside the repository, so a checkout stays clean and an installed package has s
         lock                       held (flock) while a run against the inventory goes on
         last-report.json           the report of the last `p40fleet run` (what --retry-failed reads)
         hosts.json                 per host: the last run it took part in, the last state probe
-        listings/<sha256>.json     ansible-inventory's listing, by a hash of everything it was made from
+        listings/                  what the input check may reuse, each under a sha256 of what it was made
+                                   from: ansible-inventory's listings, the argument specs, the verdicts
         runs/<run id>/             ansible-runner's private data dir of each run (the last N kept)
     <state>/tmp/                   0700: extra vars files of running runs, removed when they end
 """
@@ -131,7 +132,7 @@ class InventoryState:
 
     @property
     def listings_dir(self) -> Path:
-        """ansible-inventory's listings of this inventory, by the hash of what they were made from."""
+        """What p40fleet.inputs keeps of this inventory's input check, by hashes of what it was made from."""
         return self.dir / "listings"
 
     @property

@@ -6,6 +6,8 @@ make it unreachable, never pass."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,7 +180,7 @@ def test_the_listing_is_reused_only_while_what_it_was_made_from_is_unchanged(tmp
 
     assert load().hostvars["node1"]["apex_enabled"] is True and len(started) == 1
     assert load().hostvars["node1"]["apex_enabled"] is True and len(started) == 1
-    (listing,) = cache.glob("*.json")
+    (listing,) = cache.glob("listing-*.json")
     assert listing.stat().st_mode & 0o777 == 0o600
     # Another limit, a changed group_vars file, a changed environment: each is listed anew.
     assert load(limit="node1").hosts == ["node1"] and len(started) == 2
@@ -197,6 +199,51 @@ def test_the_listing_is_reused_only_while_what_it_was_made_from_is_unchanged(tmp
     plugin.write_text("all: {}\n")
     plugin.chmod(0o755)
     assert inputs.listing_key(inventory, [], env, None) is None
+
+
+def test_kept_specs_are_the_specs_and_follow_the_files(tmp_path):
+    roles = tmp_path / "roles"
+    for role in ("a", "b"):
+        (roles / role / "meta").mkdir(parents=True)
+        (roles / role / "meta" / "argument_specs.yml").write_text(
+            yaml.safe_dump({"argument_specs": {"main": {"options": {f"{role}_x": {"type": "int"}}}}})
+        )
+    fresh = inputs.role_variable_specs(roles)
+    assert fresh == {"a_x": ("a", {"type": "int"}), "b_x": ("b", {"type": "int"})}
+    assert (
+        inputs.role_variable_specs(roles, tmp_path / "c") == fresh == inputs.role_variable_specs(roles, tmp_path / "c")
+    )
+    (roles / "b" / "meta" / "argument_specs.yml").write_text("argument_specs: {main: {options: {b_y: {type: str}}}}\n")
+    assert inputs.role_variable_specs(roles, tmp_path / "c") == {
+        "a_x": ("a", {"type": "int"}),
+        "b_y": ("b", {"type": "str"}),
+    }
+    assert len(list((tmp_path / "c").glob("specs-*.json"))) == 1
+
+
+def test_a_check_with_nothing_changed_imports_no_ansible(tmp_path):
+    """Importing Ansible cost a run about a quarter of a second; with nothing changed the check needs none of it."""
+    inventory = write_inventory(tmp_path / "inv", {"node1": {**NOWHERE, "apex_enabled": True}}).resolve()
+    code = "\n".join(
+        [
+            "import sys",
+            "from pathlib import Path",
+            "from p40fleet import inputs, run",
+            "from p40fleet.paths import SITE_PLAYBOOK",
+            f"inventory, cache = Path({str(inventory)!r}), Path({str(tmp_path / 'c')!r})",
+            "extra = inputs.parse_extra_vars([])",
+            "checked = inputs.check_inputs(inventory, run.ansible_env(inventory), SITE_PLAYBOOK, extra=extra,"
+            " cache_dir=cache)",
+            "inputs.typed(extra)",
+            "print(checked.problems, 'ansible' in sys.modules)",
+        ]
+    )
+
+    def check_in_a_process() -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+    assert check_in_a_process() == "[] True"  # the first check validates, with Ansible's validator
+    assert check_in_a_process() == "[] False"
 
 
 def test_verdicts_are_kept_by_value_and_spec(tmp_path, monkeypatch):
