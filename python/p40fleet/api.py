@@ -223,7 +223,9 @@ def provision(
             failed, last = last_run_failed_hosts(state, inventory)
             if failed and limit:
                 try:
-                    wanted = set(load_inventory(inventory, env, limit=limit, playbook_dir=playbook.parent).hosts)
+                    listings = inventory_state.listings_dir
+                    listed = load_inventory(inventory, env, limit, playbook_dir=playbook.parent, cache_dir=listings)
+                    wanted = set(listed.hosts)
                 except InventoryError as error:
                     wanted, problems = set(), [*problems, str(error)]
                 failed = [h for h in failed if h in wanted]
@@ -238,7 +240,9 @@ def provision(
                 return ProvisionResult(**base, exit_code=EXIT_OK, status="nothing-to-retry", message=why)
             limit = ",".join(failed)
 
-        checked = check_inputs(inventory, env, playbook, limit=limit, extra=extra)
+        checked = check_inputs(
+            inventory, env, playbook, limit=limit, extra=extra, cache_dir=inventory_state.listings_dir
+        )
         problems += checked.problems
         if problems:
             return ProvisionResult(

@@ -5,12 +5,17 @@ which converts as the role's own check would ("false" is a bool, "5" an int)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
@@ -31,7 +36,12 @@ class Opaque:
         return f"<{self.tag}>"
 
 
-class _TolerantLoader(yaml.SafeLoader):
+# libyaml's loader where PyYAML has it: the pure-Python one took 8 times as long over the roles' argument
+# specs, a tenth of a second on every run.
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _TolerantLoader(_SafeLoader):
     pass
 
 
@@ -71,8 +81,6 @@ class ExtraVars:
 
 def parse_extra_vars(arguments: Sequence[str] = ()) -> ExtraVars:
     """Parse -e arguments as ansible-playbook does: `@FILE`, a JSON/YAML mapping, or key=value pairs."""
-    from ansible.parsing.splitter import parse_kv  # ansible's own key=value parser (quotes, escapes)
-
     extra = ExtraVars()
     for argument in arguments:
         text = argument.strip()
@@ -98,6 +106,10 @@ def parse_extra_vars(arguments: Sequence[str] = ()) -> ExtraVars:
                 continue
             extra.items.append(data)
         else:
+            # Ansible's own key=value parser (quotes, escapes), imported only here: importing Ansible costs a
+            # run without key=value arguments a quarter of a second.
+            from ansible.parsing.splitter import parse_kv
+
             data = parse_kv(text, check_raw=False)
             raw = data.pop("_raw_params", None)
             if raw:
@@ -117,6 +129,9 @@ def typed(extra: ExtraVars, specs: Mapping[str, tuple[str, dict]] | None = None)
     """The -e items as the run gets them: a key=value string for a role variable becomes the type its
     argument spec says (`apex_enabled=false` the bool false, `..._timeout=60` the int 60), as the
     user meant; everything else passes as given."""
+    if not any(isinstance(item, KeyValues) for item in extra.items):
+        # Nothing to convert: neither the specs nor Ansible's validator (a quarter second to import) are needed.
+        return list(extra.items)
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
     specs = specs if specs is not None else role_variable_specs()
@@ -164,10 +179,18 @@ class InventoryError(ValueError):
 
 
 def load_inventory(
-    inventory: Path, env: dict[str, str], limit: str | None = None, playbook_dir: Path | None = None
+    inventory: Path,
+    env: dict[str, str],
+    limit: str | None = None,
+    playbook_dir: Path | None = None,
+    cache_dir: Path | None = None,
 ) -> Inventory:
     """The inventory as ansible-playbook will see it (group_vars merged), limited; raises
-    InventoryError with ansible's own message when it cannot be parsed."""
+    InventoryError with ansible's own message when it cannot be parsed.
+
+    With `cache_dir`, ansible-inventory's listing is kept there under a hash of everything it was
+    computed from (see listing_key) and reused while none of that changed: starting ansible-inventory
+    was most of what `p40fleet run` cost over ansible-playbook on a converged fleet (about 1 s)."""
     argv = ["ansible-inventory", "-i", str(inventory), "--list"]
     if playbook_dir is not None:
         argv += ["--playbook-dir", str(playbook_dir)]
@@ -179,10 +202,15 @@ def load_inventory(
         "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
         "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
     }
-    result = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise InventoryError(_inventory_message(inventory, result.stderr or result.stdout))
-    data = json.loads(result.stdout)
+    key = listing_key(inventory, argv, run_env, playbook_dir) if cache_dir is not None else None
+    data = _cached_listing(cache_dir, key) if key else None
+    if data is None:
+        result = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise InventoryError(_inventory_message(inventory, result.stderr or result.stdout))
+        data = json.loads(result.stdout)
+        if key:
+            _keep_listing(cache_dir, key, data)
     hostvars = data.get("_meta", {}).get("hostvars", {})
     groups = {name: spec for name, spec in data.items() if name != "_meta"}
     hosts: set[str] = set(hostvars)
@@ -191,6 +219,85 @@ def load_inventory(
     for host in hosts:
         hostvars.setdefault(host, {})
     return Inventory(path=inventory, hosts=sorted(hosts), groups=groups, hostvars=hostvars)
+
+
+# Inventory sources whose listing is more than their files' text: an executable (a script inventory), an
+# inventory plugin's config (its hosts come from elsewhere), anything vaulted (decrypted with a secret kept
+# outside). Their listing is never reused.
+DYNAMIC_SOURCE = re.compile(r"^plugin\s*:|\$ANSIBLE_VAULT", re.MULTILINE)
+# Settings that bring in plugins whose output is not a file under the inventory: never reused either.
+PLUGIN_SETTINGS = ("ANSIBLE_VARS_", "ANSIBLE_INVENTORY_ENABLED", "ANSIBLE_INVENTORY_PLUGINS")
+LISTINGS_KEPT = 4
+
+
+def _source_files(inventory: Path, playbook_dir: Path | None) -> list[Path] | None:
+    """Every file ansible-inventory reads for this inventory (the source, or every file under a source
+    directory; the group_vars and host_vars beside it and beside the playbook), or None when one of them
+    is not plain data (DYNAMIC_SOURCE)."""
+    roots = [inventory]
+    if not inventory.is_dir():
+        roots += [inventory.parent / "group_vars", inventory.parent / "host_vars"]
+    if playbook_dir is not None:
+        roots += [playbook_dir / "group_vars", playbook_dir / "host_vars"]
+    files: list[Path] = []
+    for root in roots:
+        if root.is_file():
+            files.append(root)
+        elif root.is_dir():
+            files += sorted(p for p in root.rglob("*") if p.is_file())
+    # Ansible's script plugin runs any executable source, whatever its name.
+    return None if any(os.access(path, os.X_OK) for path in files) else files
+
+
+def listing_key(inventory: Path, argv: list[str], env: Mapping[str, str], playbook_dir: Path | None) -> str | None:
+    """A sha256 of what ansible-inventory's listing is computed from: the command, the environment,
+    ansible.cfg's text, ansible-core's version and the text of every inventory and vars file; None where
+    the listing depends on more than that (see DYNAMIC_SOURCE, PLUGIN_SETTINGS)."""
+    if any(name.startswith(PLUGIN_SETTINGS) for name in env):
+        return None
+    files = _source_files(inventory, playbook_dir)
+    if files is None:
+        return None
+    digest = hashlib.sha256()
+    digest.update(json.dumps([argv, sorted(env.items())]).encode())
+    digest.update(_ansible_release().encode() + b"\0")
+    config = Path(env.get("ANSIBLE_CONFIG", ""))
+    if config.is_file():
+        digest.update(str(config).encode() + b"\0" + config.read_bytes() + b"\0")
+    for path in files:
+        try:
+            content = path.read_bytes()
+        except OSError:
+            return None
+        if DYNAMIC_SOURCE.search(content.decode("utf-8", errors="replace")):
+            return None
+        digest.update(str(path).encode() + b"\0" + hashlib.sha256(content).digest())
+    return digest.hexdigest()
+
+
+def _cached_listing(cache_dir: Path, key: str) -> dict | None:
+    try:
+        return json.loads((cache_dir / f"listing-{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_private_json(path: Path, data: dict) -> None:
+    """Atomically and 0600: hostvars may hold values people keep to themselves, and verdicts quote values."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    tmp.replace(path)
+
+
+def _keep_listing(cache_dir: Path, key: str, data: dict) -> None:
+    """The listing under its key, and only the last few listings."""
+    _write_private_json(cache_dir / f"listing-{key}.json", data)
+    kept = sorted(cache_dir.glob("listing-*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in kept[LISTINGS_KEPT:]:
+        old.unlink(missing_ok=True)
 
 
 def _inventory_message(inventory: Path, stderr: str) -> str:
@@ -254,15 +361,33 @@ def _is_literal(value) -> bool:
     return True
 
 
-def role_variable_specs(roles_dir: Path = ROLES_DIR) -> dict[str, tuple[str, dict]]:
-    """Every role variable's argument spec: name -> (role, spec of its `main` entry point)."""
+def role_variable_specs(roles_dir: Path = ROLES_DIR, cache_dir: Path | None = None) -> dict[str, tuple[str, dict]]:
+    """Every role variable's argument spec: name -> (role, spec of its `main` entry point).
+
+    With `cache_dir`, the specs are kept there as JSON under a sha256 of the spec files' text: building
+    YAML's objects took most of the tenth of a second their reading cost on every run."""
+    texts = {path: path.read_bytes() for path in sorted(roles_dir.glob("*/meta/argument_specs.yml"))}
+    kept = None
+    if cache_dir is not None:
+        digest = hashlib.sha256()
+        for path, text in texts.items():
+            digest.update(str(path).encode() + b"\0" + hashlib.sha256(text).digest())
+        kept = cache_dir / f"specs-{digest.hexdigest()}.json"
+        try:
+            return {name: (role, spec) for name, (role, spec) in json.loads(kept.read_text(encoding="utf-8")).items()}
+        except (OSError, ValueError):
+            pass
     specs: dict[str, tuple[str, dict]] = {}
-    for path in sorted(roles_dir.glob("*/meta/argument_specs.yml")):
+    for path, text in texts.items():
         role = path.parent.parent.name
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(text, Loader=_SafeLoader) or {}
         options = ((data.get("argument_specs") or {}).get("main") or {}).get("options") or {}
         for name, spec in options.items():
             specs[name] = (role, spec)
+    if kept is not None:
+        for old in kept.parent.glob("specs-*.json"):
+            old.unlink(missing_ok=True)
+        _write_private_json(kept, specs)
     return specs
 
 
@@ -306,19 +431,49 @@ def _hosts_text(hosts: Sequence[str]) -> str:
     return f"hosts {shown}" + (f" and {len(hosts) - SHOWN_HOSTS} more" if len(hosts) > SHOWN_HOSTS else "")
 
 
+@functools.cache
+def _ansible_release() -> str:
+    """ansible-core's release.py, read rather than imported: importing ansible costs more than a run's
+    whole validation does once its verdicts are known."""
+    spec = importlib.util.find_spec("ansible")
+    release = Path(spec.origin).with_name("release.py") if spec and spec.origin else None
+    return release.read_text(encoding="utf-8") if release and release.is_file() else ""
+
+
+def verdict_key(name: str, value, spec: dict) -> str:
+    """What the validator's verdict on a value depends on: ansible-core's version, the variable's spec,
+    its name and the value itself."""
+    text = json.dumps([_ansible_release(), name, spec, value], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def validate_variables(
     inventory: Inventory,
     hosts: Iterable[str],
     extra: Mapping,
     specs: Mapping[str, tuple[str, dict]] | None = None,
+    verdicts: dict[str, str | None] | None = None,
+    known: Mapping[str, str | None] = MappingProxyType({}),
 ) -> list[str]:
-    """One message per bad value: the host(s), the variable, what was found and what is expected."""
+    """One message per bad value: the host(s), the variable, what was found and what is expected.
+
+    `verdicts` receives the validator's verdict on each distinct value, by verdict_key: hosts mostly share
+    their values (group variables), so each is checked once; one found in `known` (an earlier run's
+    verdicts, kept by check_inputs) is not checked again."""
     specs = specs if specs is not None else role_variable_specs()
     problems: list[str] = []
+    verdicts = verdicts if verdicts is not None else {}
+
+    def verdict(name: str, value, spec: dict) -> str | None:
+        key = verdict_key(name, value, spec)
+        if key not in verdicts:
+            verdicts[key] = known[key] if key in known else check_value(name, value, spec)
+        return verdicts[key]
+
     for name, value in extra.items():
         if name in specs and _is_literal(value):
             role, spec = specs[name]
-            complaint = check_value(name, value, spec)
+            complaint = verdict(name, value, spec)
             if complaint:
                 problems.append(
                     f"-e {name}: found {_shown(value)}; expected {expected(spec)} "
@@ -331,7 +486,7 @@ def validate_variables(
             if name in extra or name not in specs or not _is_literal(value):
                 continue
             role, spec = specs[name]
-            complaint = check_value(name, value, spec)
+            complaint = verdict(name, value, spec)
             if complaint:
                 key = (
                     name,
@@ -357,13 +512,15 @@ def check_inputs(
     playbook: Path,
     limit: str | None = None,
     extra: ExtraVars | None = None,
+    cache_dir: Path | None = None,
 ) -> CheckedInputs:
-    """Everything wrong with the inventory, the limit and the variables, found without a connection."""
+    """Everything wrong with the inventory, the limit and the variables, found without a connection
+    (`cache_dir`: where load_inventory may keep its listings)."""
     extra = extra or ExtraVars()
     given = extra.for_validation()
     problems = list(extra.problems)
     try:
-        inventory = load_inventory(inventory_path, env, limit=limit, playbook_dir=playbook.parent)
+        inventory = load_inventory(inventory_path, env, limit=limit, playbook_dir=playbook.parent, cache_dir=cache_dir)
     except InventoryError as error:
         inventory = None
         problems.append(str(error))
@@ -380,5 +537,27 @@ def check_inputs(
                 f"no host of {inventory_path}{f' (limited to {limit!r})' if limit else ''} is in "
                 f"{', '.join(patterns)}, which {playbook.name} runs on: put the hosts in that group"
             )
-    problems += validate_variables(inventory or Inventory(inventory_path, [], {}, {}), hosts, given)
+    verdicts_file = cache_dir / VERDICTS_FILE if cache_dir is not None else None
+    kept = _read_verdicts(verdicts_file)
+    verdicts: dict[str, str | None] = {}
+    inventory_or_none = inventory or Inventory(inventory_path, [], {}, {})
+    specs = role_variable_specs(cache_dir=cache_dir)
+    problems += validate_variables(inventory_or_none, hosts, given, specs, verdicts=verdicts, known=kept)
+    if verdicts_file is not None and verdicts != kept:
+        # This run's verdicts only, so the file never outgrows one inventory's values.
+        _write_private_json(verdicts_file, verdicts)
     return CheckedInputs(inventory, hosts, problems)
+
+
+# The validator's verdicts of the last run, by verdict_key (so a changed value or spec is checked anew).
+VERDICTS_FILE = "verdicts.json"
+
+
+def _read_verdicts(path: Path | None) -> dict[str, str | None]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

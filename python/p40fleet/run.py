@@ -138,6 +138,7 @@ RUNNER_STAT_KEYS = {"unreachable": "dark"}
 
 
 def _stats_from(event_data: dict) -> dict[str, dict[str, int]]:
+    """The recap by host, from Runner.stats or the playbook_on_stats event's data (the same columns)."""
     columns = {key: event_data.get(RUNNER_STAT_KEYS.get(key, key)) or {} for key in STAT_KEYS}
     hosts = set((event_data.get("processed") or {}).keys())
     for column in columns.values():
@@ -285,11 +286,10 @@ def run_playbook(
         )
         runner.run()
     finished = now()
-    stats: dict[str, dict[str, int]] = {}
-    for event in events:
-        if event.get("event") == "playbook_on_stats":
-            stats = _stats_from(event.get("event_data", {}))
-    stdout = runner.stdout.read() if runner.stdout else ""
+    # ansible-runner's own recap (None when the play never reached it), by host.
+    stats = _stats_from(runner.stats or {})
+    with runner.stdout as handle:
+        stdout = handle.read()
     inventory_state.rotate(keep)
     return RunResult(
         rc=runner.rc,

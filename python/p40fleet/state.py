@@ -9,6 +9,8 @@ Outside the repository, so a checkout stays clean and an installed package has s
         lock                       held (flock) while a run against the inventory goes on
         last-report.json           the report of the last `p40fleet run` (what --retry-failed reads)
         hosts.json                 per host: the last run it took part in, the last state probe
+        listings/                  what the input check may reuse, each under a sha256 of what it was made
+                                   from: ansible-inventory's listings, the argument specs, the verdicts
         runs/<run id>/             ansible-runner's private data dir of each run (the last N kept)
     <state>/tmp/                   0700: extra vars files of running runs, removed when they end
 """
@@ -127,6 +129,11 @@ class InventoryState:
     @property
     def lock_path(self) -> Path:
         return self.dir / "lock"
+
+    @property
+    def listings_dir(self) -> Path:
+        """What p40fleet.inputs keeps of this inventory's input check, by hashes of what it was made from."""
+        return self.dir / "listings"
 
     @property
     def runs_dir(self) -> Path:

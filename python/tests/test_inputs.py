@@ -6,6 +6,8 @@ make it unreachable, never pass."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,6 +166,105 @@ def test_the_command_exits_4_before_any_host_is_touched(tmp_path, capsys):
     run = json.loads(report.read_text())["runs"][0]
     assert (run["exit_code"], run["status"], run["rc"], run["hosts"]) == (4, "bad-input", None, {})
     assert len(run["problems"]) == 2
+
+
+def test_the_listing_is_reused_only_while_what_it_was_made_from_is_unchanged(tmp_path, monkeypatch):
+    inventory = write_inventory(tmp_path / "inv", {"node1": dict(NOWHERE)}, group_vars={"apex_enabled": True})
+    inventory = inventory.resolve()
+    env, cache = ansible_env(inventory), tmp_path / "listings"
+    started = []
+    real_run = inputs.subprocess.run
+    monkeypatch.setattr(inputs.subprocess, "run", lambda *a, **k: started.append(a) or real_run(*a, **k))
+
+    def load(limit=None):
+        return inputs.load_inventory(inventory, env, limit, playbook_dir=SITE_PLAYBOOK.parent, cache_dir=cache)
+
+    assert load().hostvars["node1"]["apex_enabled"] is True and len(started) == 1
+    assert load().hostvars["node1"]["apex_enabled"] is True and len(started) == 1
+    (listing,) = cache.glob("listing-*.json")
+    assert listing.stat().st_mode & 0o777 == 0o600
+    # Another limit, a changed group_vars file, a changed environment: each is listed anew.
+    assert load(limit="node1").hosts == ["node1"] and len(started) == 2
+    (inventory / "group_vars" / "p40-hosts.yml").write_text("apex_enabled: false\n")
+    assert load().hostvars["node1"]["apex_enabled"] is False and len(started) == 3
+    env["ANSIBLE_TIMEOUT"] = "30"
+    assert load().hostvars["node1"]["apex_enabled"] is False and len(started) == 4
+    assert load().hostvars["node1"]["apex_enabled"] is False and len(started) == 4
+    # What is more than files' text is never reused: a plugin's config, a script, a vaulted file.
+    assert inputs.listing_key(inventory, [], env, None) is not None
+    plugin = inventory / "more.yml"
+    plugin.write_text("plugin: ansible.builtin.constructed\n")
+    assert inputs.listing_key(inventory, [], env, None) is None
+    plugin.write_text("all:\n  vars:\n    token: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6162\n")
+    assert inputs.listing_key(inventory, [], env, None) is None
+    plugin.write_text("all: {}\n")
+    plugin.chmod(0o755)
+    assert inputs.listing_key(inventory, [], env, None) is None
+
+
+def test_kept_specs_are_the_specs_and_follow_the_files(tmp_path):
+    roles = tmp_path / "roles"
+    for role in ("a", "b"):
+        (roles / role / "meta").mkdir(parents=True)
+        (roles / role / "meta" / "argument_specs.yml").write_text(
+            yaml.safe_dump({"argument_specs": {"main": {"options": {f"{role}_x": {"type": "int"}}}}})
+        )
+    fresh = inputs.role_variable_specs(roles)
+    assert fresh == {"a_x": ("a", {"type": "int"}), "b_x": ("b", {"type": "int"})}
+    assert (
+        inputs.role_variable_specs(roles, tmp_path / "c") == fresh == inputs.role_variable_specs(roles, tmp_path / "c")
+    )
+    (roles / "b" / "meta" / "argument_specs.yml").write_text("argument_specs: {main: {options: {b_y: {type: str}}}}\n")
+    assert inputs.role_variable_specs(roles, tmp_path / "c") == {
+        "a_x": ("a", {"type": "int"}),
+        "b_y": ("b", {"type": "str"}),
+    }
+    assert len(list((tmp_path / "c").glob("specs-*.json"))) == 1
+
+
+def test_a_check_with_nothing_changed_imports_no_ansible(tmp_path):
+    """Importing Ansible cost a run about a quarter of a second; with nothing changed the check needs none of it."""
+    inventory = write_inventory(tmp_path / "inv", {"node1": {**NOWHERE, "apex_enabled": True}}).resolve()
+    code = "\n".join(
+        [
+            "import sys",
+            "from pathlib import Path",
+            "from p40fleet import inputs, run",
+            "from p40fleet.paths import SITE_PLAYBOOK",
+            f"inventory, cache = Path({str(inventory)!r}), Path({str(tmp_path / 'c')!r})",
+            "extra = inputs.parse_extra_vars([])",
+            "checked = inputs.check_inputs(inventory, run.ansible_env(inventory), SITE_PLAYBOOK, extra=extra,"
+            " cache_dir=cache)",
+            "inputs.typed(extra)",
+            "print(checked.problems, 'ansible' in sys.modules)",
+        ]
+    )
+
+    def check_in_a_process() -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+    assert check_in_a_process() == "[] True"  # the first check validates, with Ansible's validator
+    assert check_in_a_process() == "[] False"
+
+
+def test_verdicts_are_kept_by_value_and_spec(tmp_path, monkeypatch):
+    inventory = write_inventory(tmp_path / "inv", {"node1": {**NOWHERE, "apex_enabled": "sometimes"}})
+    checked = []
+    real_check = inputs.check_value
+    monkeypatch.setattr(inputs, "check_value", lambda *a: checked.append(a[0]) or real_check(*a))
+
+    def problems():
+        return inputs.check_inputs(
+            inventory.resolve(), ansible_env(inventory.resolve()), SITE_PLAYBOOK, cache_dir=tmp_path / "c"
+        ).problems
+
+    (first,) = problems()
+    assert "apex_enabled" in first and "apex_enabled" in checked
+    checked.clear()
+    assert problems() == [first] and checked == []
+    # A changed value is checked again.
+    write_inventory(tmp_path / "inv", {"node1": {**NOWHERE, "apex_enabled": True}})
+    assert problems() == [] and checked == ["apex_enabled"]
 
 
 @pytest.mark.parametrize(
