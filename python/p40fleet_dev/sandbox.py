@@ -684,9 +684,10 @@ class Sandbox:
     def _write_inventory(self, hosts: list[Host], standin_vars: dict) -> None:
         group_vars = self.inventory_dir / "group_vars"
         group_vars.mkdir(parents=True, exist_ok=True)
-        pins = group_vars / "p40-hosts"
-        if not pins.exists():
-            pins.symlink_to(REPO_ROOT / "inventory" / "group_vars" / "p40-hosts")
+        # The example inventory's fleet-wide choices (the pins are role defaults: roles/p40fleet_defaults).
+        fleet = group_vars / "p40-hosts"
+        if not fleet.exists():
+            fleet.symlink_to(REPO_ROOT / "inventory" / "group_vars" / "p40-hosts")
         self._write_hosts_file(hosts)
         mirror = self._address(self.mirror_container)
         # Every host of a sandbox shares one login mode; only `--login root` logs in as root.

@@ -13,6 +13,7 @@ from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
 from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
+from tests.pins import CUDA_HOME
 
 PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") is None
 # Runs the tests make are kept in the checkout's .runs/, not in the user's own state directory.
@@ -137,7 +138,7 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
         "/etc/ansible/facts.d/p40fleet_preflight.fact",
         "/var/lib/p40fleet/stages",
         "/opt/miniconda3",
-        "/usr/local/cuda-11.8",
+        CUDA_HOME,
     ]
     fleet.play = play
     fleet.preflight_only = play(tags="gpu_preflight")

@@ -20,6 +20,7 @@ import yaml
 
 from p40fleet.run import run_playbook
 from p40fleet_dev.paths import REPO_ROOT
+from tests.pins import CUDA_HOME
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
 PREFLIGHT = yaml.safe_load((REPO_ROOT / "roles" / "gpu_preflight" / "defaults" / "main.yml").read_text())
@@ -30,7 +31,7 @@ ENV_PREFIX = "/opt/miniconda3/envs/verl-env"
 INPUTS = {
     "conda_env_prefix": ENV_PREFIX,
     "conda_env_python": f"{ENV_PREFIX}/bin/python",
-    "cuda_toolkit_home": "/usr/local/cuda-11.8",
+    "cuda_toolkit_home": CUDA_HOME,
     "cuda_toolkit_env_file": "/etc/p40fleet/cuda-11.8.sh",
     "verl_version": "0.4.1",
     "training_data_train_file": "/srv/data/gsm8k/train.parquet",

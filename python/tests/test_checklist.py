@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.host_state import sh
+from tests.pins import CUDA_HOME
 
 # converge: the module's fixture takes fresh hosts through the pipeline (minutes).
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
@@ -22,7 +23,7 @@ NO_VLLM = {"verl_install_vllm": False}
 @pytest.fixture(scope="module")
 def converged(make_sandbox, run_playbook):
     fleet = make_sandbox("checklist", ["a100", "p40"])
-    linked = fleet.exec("node2", "ln -sfn /usr/local/cuda-11.8 /usr/local/cuda")
+    linked = fleet.exec("node2", f"ln -sfn {CUDA_HOME} /usr/local/cuda")
     assert linked.returncode == 0, linked.stderr
     result = run_playbook("site.yml", fleet.inventory_dir, extra_vars=NO_VLLM)
     assert result.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in result.failures]
@@ -30,7 +31,7 @@ def converged(make_sandbox, run_playbook):
 
 
 def test_checklist_passes_on_a_modern_host_and_on_a_host_whose_cuda_link_was_already_11_8(converged, run_playbook):
-    assert sh(converged, "node2", "readlink /usr/local/cuda") == "/usr/local/cuda-11.8"
+    assert sh(converged, "node2", "readlink /usr/local/cuda") == CUDA_HOME
     assert sh(converged, "node1", "test ! -e /var/lib/p40fleet/verl_patches/applied.json && echo none") == "none"
     result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars=NO_VLLM)
     assert result.rc == 0, [f"{f.host}: {f.message}" for f in result.failures]

@@ -16,7 +16,7 @@ import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
 from tests.host_state import sh
-from tests.stages import STAGES
+from tests.pins import CUDA_HOME, STAGES
 
 # converge: the module's fixture takes fresh hosts through the pipeline (minutes).
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
@@ -94,7 +94,7 @@ def test_a_stage_runs_with_what_it_needs_and_nothing_else(fleet):
     for host in HOSTS:
         assert seen[(host, "/usr/bin/gcc-11")], host
         assert seen[(host, "/var/lib/p40fleet/stages/host_prereqs.json")], host
-        assert not seen[(host, "/usr/local/cuda-11.8")], host
+        assert not seen[(host, CUDA_HOME)], host
         assert not seen[(host, "/opt/miniconda3")], host
 
 
@@ -105,7 +105,7 @@ def test_the_dry_run_finishes_on_a_fresh_host_and_names_every_stage(fleet, fresh
         missing = [stage for stage in STAGES if stage not in changed_roles(dry_run, host)]
         assert missing == [], (host, dry_run.stdout[-3000:])
         # Nothing was installed by it.
-        assert not fleet.after_dry_run[(host, "/usr/local/cuda-11.8")], host
+        assert not fleet.after_dry_run[(host, CUDA_HOME)], host
         assert not fleet.after_dry_run[(host, RECORDS)], host
     plans = [
         event["event_data"]["res"].get("msg", "")

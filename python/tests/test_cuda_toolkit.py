@@ -16,12 +16,13 @@ import yaml
 
 from p40fleet_dev.sandbox import Sandbox
 from tests.host_state import exists, sh
+from tests.pins import CUDA_HOME
 
 pytestmark = pytest.mark.sandbox
 
 PLAYBOOK = "python/tests/playbooks/cuda_cudnn.yml"
 HOSTS = ("node1", "node2")
-HOME = "/usr/local/cuda-11.8"
+HOME = CUDA_HOME
 STAGING = "/var/tmp/p40fleet/cuda_toolkit.p40fleet"
 RUNFILE = f"{STAGING}/cuda_11.8.0_520.61.05_linux.run"
 MARKER = "/var/lib/p40fleet/cuda_toolkit-cuda-11.8.installing"

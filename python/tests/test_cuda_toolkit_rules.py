@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.pins import CUDA_HOME
 from tests.source_modules import load_module
 
 CLASSIFY = load_module(
@@ -26,7 +27,7 @@ CASES = {
     "another_release": ({**WHOLE, "version_json": "12.1.105", "nvcc_release": "12.1"}, "foreign"),
     "a_release_that_only_starts_alike": ({**WHOLE, "version_json": "11.80.1"}, "foreign"),
     # An attempt left unfinished, whatever the files say.
-    "marker_left": ({**WHOLE, "marker": {"default_link": None, "home": "/usr/local/cuda-11.8"}}, "partial"),
+    "marker_left": ({**WHOLE, "marker": {"default_link": None, "home": CUDA_HOME}}, "partial"),
     "no_libcudart": ({**WHOLE, "libcudart": False}, "partial"),
     "nvcc_missing": ({**WHOLE, "nvcc_release": None}, "partial"),
     "version_json_missing": ({**WHOLE, "version_json": None}, "partial"),

@@ -13,12 +13,13 @@ import pytest
 
 from p40fleet_dev.sandbox import Sandbox
 from tests.host_state import exists, sh
+from tests.pins import CUDA_HOME
 
 pytestmark = pytest.mark.sandbox
 
 PLAYBOOK = "python/tests/playbooks/cuda_cudnn.yml"
 HOSTS = ("node1", "node2")
-CUDA = "/usr/local/cuda-11.8"
+CUDA = CUDA_HOME
 PREFIX = "/usr/local/cudnn-8.9.7-cuda11"
 OLD_PREFIX = "/usr/local/cudnn-8.9.6-cuda11"
 STATE = "/var/lib/p40fleet/cudnn.json"

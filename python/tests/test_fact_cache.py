@@ -19,11 +19,12 @@ import yaml
 from p40fleet.paths import ANSIBLE_CONFIG
 from p40fleet_dev.paths import REPO_ROOT
 from tests.host_state import exists, sh
+from tests.pins import CUDA_HOME
 
 pytestmark = pytest.mark.sandbox
 
 HOST = "node1"
-FIRST_HOME = "/usr/local/cuda-11.8"
+FIRST_HOME = CUDA_HOME
 MOVED_HOME = "/opt/cuda-11.8-moved"
 WITNESS_PLAY = """---
 - name: Cache a witness fact

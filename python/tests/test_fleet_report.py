@@ -17,6 +17,7 @@ import yaml
 from p40fleet import api, cli, fleet, html_report
 from p40fleet.run import RunResult, _stats_from
 from p40fleet.state import StateDir
+from tests.pins import CUDA_HOME
 
 from .conftest import TEST_OUTPUT
 
@@ -82,7 +83,7 @@ def stages(drift: dict | None = None) -> dict:
         },
         "host_prereqs": {"files": {}, "json": {}, "text": {}},
         "cuda_toolkit": {
-            "files": {"/usr/local/cuda-11.8/version.json": FILE, "/usr/local/cuda": None},
+            "files": {f"{CUDA_HOME}/version.json": FILE, "/usr/local/cuda": None},
             "json": {"version": {"cuda": {"name": "CUDA SDK", "version": "11.8.20220929"}}},
         },
         "cudnn": {"files": {}, "json": {"record": {"prefix": "/usr/local/cudnn-8.9.7-cuda11", "version": "8.9.7"}}},

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.pins import STAGES
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "fleet_state"
@@ -227,7 +228,7 @@ def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
     """Each stage of fleet_state_stages has markers, a gate of at most two tasks, and records after converging."""
     import yaml
 
-    stages = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["fleet_state_stages"]
+    stages = STAGES
     assert stages[0] == "driver_hold" and stages[-1] == "launch_script"
     for stage in stages:
         role = REPO_ROOT / "roles" / stage

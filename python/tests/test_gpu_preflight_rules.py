@@ -18,6 +18,8 @@ import yaml
 
 from p40fleet.run import run_playbook
 from p40fleet_dev.paths import REPO_ROOT
+from tests.pins import CUDA_HOME
+from tests.pins import DEFAULTS as PINS
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "gpu_preflight"
@@ -130,7 +132,7 @@ ONE_DISK = {"/": 500}
 SMALL_ROOT_BIG_SCRATCH = {"/": 40, "/scratch": 500}
 # Every path any case configures (the fake probe reports all of them; the role picks its own).
 PATHS = [
-    "/usr/local/cuda-11.8",
+    CUDA_HOME,
     "/usr/local/cudnn-8.9.7-cuda11",
     "/var/tmp/p40fleet",
     "/opt/miniconda3",
@@ -140,7 +142,7 @@ PATHS = [
 ]
 
 
-CUDA_MARKER = "/usr/local/cuda-11.8/version.json"
+CUDA_MARKER = f"{CUDA_HOME}/version.json"
 CUDNN_MARKER = "/usr/local/cudnn-8.9.7-cuda11/include/cudnn_version.h"
 CONDA_MARKER = "/opt/miniconda3/.p40fleet-installer.sha256"
 
@@ -357,7 +359,7 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
         (
             "refused",
             [
-                "too little disk: /usr/local/cuda-11.8 (CUDA 11.8 toolkit, cuda_toolkit_home, 7 GiB) + "
+                f"too little disk: {CUDA_HOME} (CUDA 11.8 toolkit, cuda_toolkit_home, 7 GiB) + "
                 "/var/tmp/p40fleet (CUDA runfile extraction, cuda_toolkit_tmpdir, 10 GiB) + ",
                 "/opt/miniconda3 (Miniconda and the verl env, conda_env_install_prefix, 20 GiB)",
                 " on the filesystem of /: 40.0 GiB free; required: 47 GiB free there;",
@@ -424,7 +426,7 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
             **host_vars,
         }
     # The role's defaults and vars as the group's variables: below the cases' host variables, as role defaults are.
-    role_vars = {**ROLE_DEFAULTS, **ROLE_VARS}
+    role_vars = {**PINS, **ROLE_DEFAULTS, **ROLE_VARS}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts, "vars": role_vars}}}}))
     playbook = tmp_path / "assess.yml"
@@ -509,10 +511,10 @@ def test_disk_checks_follow_the_other_roles_defaults():
     for role in ("cuda_toolkit", "cudnn", "conda_env"):
         defaults.update(yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text()))
     checks = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["gpu_preflight_disk_checks"]
-    fallbacks = [re.fullmatch(r"\{\{ (\w+) \| default\('([^']+)'\) \}\}", check["path"]) for check in checks]
+    fallbacks = [FALLBACK.fullmatch(check["path"]) for check in checks]
     assert all(fallbacks), [check["path"] for check in checks]
     for match in fallbacks:
-        assert defaults[match[1]] == match[2], match[0]
+        assert fleet_value(defaults[match[1]]) == fallback(match), match[0]
     assert {m[1] for m in fallbacks} >= {
         "cuda_toolkit_home",
         "cuda_toolkit_tmpdir",
@@ -529,7 +531,20 @@ def test_disk_checks_follow_the_other_roles_defaults():
 ASSESS = load_module(ROLE / "filter_plugins" / "gpu_preflight.py", "gpu_preflight_filter").gpu_preflight_assess
 ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-FALLBACK = re.compile(r"\{\{ (\w+) \| default\('([^']+)'\) \}\}")
+# `{{ var | default('literal') }}` or `{{ var | default(p40fleet_fact) }}` (roles/p40fleet_defaults).
+FALLBACK = re.compile(r"\{\{ (\w+) \| default\(('([^']+)'|p40fleet_\w+)\) \}\}")
+FLEET_FACT = re.compile(r"\{\{ (p40fleet_\w+) \}\}")
+
+
+def fallback(match: re.Match) -> str:
+    """The value a FALLBACK match falls back to."""
+    return match[3] if match[3] is not None else PINS[match[2]]
+
+
+def fleet_value(value):
+    """A role default that only names a p40fleet_ fact, as that fact's value."""
+    found = FLEET_FACT.fullmatch(value) if isinstance(value, str) else None
+    return PINS[found[1]] if found else value
 
 
 def as_bool(value) -> bool:
@@ -543,7 +558,7 @@ def settings(host: str, host_vars: dict) -> dict:
     values = {**ROLE_DEFAULTS, **ROLE_VARS, **host_vars}
 
     def render(path: str) -> str:
-        return FALLBACK.sub(lambda match: str(host_vars.get(match[1], match[2])), path)
+        return FALLBACK.sub(lambda match: str(host_vars.get(match[1], fallback(match))), path)
 
     return {
         "host": host,

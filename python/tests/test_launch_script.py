@@ -23,6 +23,7 @@ import yaml
 from p40fleet.fleet import smoke_results
 from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.launch_render import parse_printed, preflight_profile, render
+from tests.pins import CUDA_HOME
 
 ROLE = REPO_ROOT / "roles" / "launch_script"
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
@@ -249,7 +250,7 @@ def test_script_sets_the_gpus_and_the_side_cuda(rendered):
     text = rendered["p40x2"]["script"].read_text()
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
     assert re.search(r"^export CUDA_VISIBLE_DEVICES=0,1$", text, re.M)
-    assert "export CUDA_HOME=/usr/local/cuda-11.8" in text
+    assert f"export CUDA_HOME={CUDA_HOME}" in text
     assert "$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" in text
 
 

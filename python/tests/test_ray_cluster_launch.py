@@ -20,6 +20,7 @@ import yaml
 from p40fleet.run import run_playbook
 from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.launch_render import INPUTS, preflight_profile, render
+from tests.pins import CUDA_HOME
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_submit.yml"
 COMPOSE = REPO_ROOT / "roles" / "launch_script" / "files" / "launch_script_compose.py"
@@ -93,8 +94,8 @@ def test_the_job_is_the_launch_scripts_overrides_then_the_clusters(submit, launc
         "env_vars": {
             "NCCL_SOCKET_IFNAME": "eth0",
             "GLOO_SOCKET_IFNAME": "eth0",
-            "CUDA_HOME": "/usr/local/cuda-11.8",
-            "LD_LIBRARY_PATH": "/usr/local/cuda-11.8/lib64",
+            "CUDA_HOME": CUDA_HOME,
+            "LD_LIBRARY_PATH": f"{CUDA_HOME}/lib64",
         }
     }
     assert address == "http://10.0.0.1:8265"

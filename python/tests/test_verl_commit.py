@@ -9,12 +9,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import yaml
-
-from p40fleet_dev.paths import REPO_ROOT
 from tests.local_hosts import run_verl_role
+from tests.pins import VERL_COMMIT, role_defaults
 
-PINNED = "8d9e350ea58c7ad4b50dd14d9dcb50577242c55f"  # volcengine/verl v0.4.1
+PINNED = VERL_COMMIT  # volcengine/verl v0.4.1
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
     "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -32,7 +30,7 @@ def git(*args: str, cwd) -> str:
 
 
 def test_defaults_pin_the_commit_of_the_pinned_release() -> None:
-    defaults = yaml.safe_load((REPO_ROOT / "roles" / "verl" / "defaults" / "main.yml").read_text())
+    defaults = role_defaults("verl")
     assert defaults["verl_pinned_version"] == "0.4.1" and defaults["verl_git_ref"] == "v{{ verl_pinned_version }}"
     assert defaults["verl_expected_commit"] == PINNED
 

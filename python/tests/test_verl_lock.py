@@ -25,6 +25,7 @@ from packaging.version import Version
 from p40fleet_dev.fixtures import SANDBOX_PYTHON, locked_files_dir, sandbox_verl_lock
 from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.local_hosts import run_verl_role
+from tests.pins import role_defaults
 
 VERL_FILES = REPO_ROOT / "roles" / "verl" / "files"
 PYTORCH_ROLE = REPO_ROOT / "roles" / "pytorch"
@@ -87,7 +88,7 @@ def verl_declared(version: str) -> list[Requirement]:
 
 def pytorch_pins() -> dict[str, Version]:
     """The pytorch role's constraints file, rendered from its vars and defaults: {name: +cu118 version}."""
-    defaults = yaml.safe_load((PYTORCH_ROLE / "defaults" / "main.yml").read_text())
+    defaults = role_defaults("pytorch")
     role_vars = yaml.safe_load((PYTORCH_ROLE / "vars" / "main.yml").read_text())
     rendered = [jinja2.Template(line).render(**defaults) for line in role_vars["pytorch_requirements"]]
     pins = {}

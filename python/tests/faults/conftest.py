@@ -20,7 +20,7 @@ import pytest
 import yaml
 from tests.faults.cases import BY_NUMBER, CASES
 from tests.faults.tools import CONDA_TMPFS, MODEL_REPO, MirrorServer, ProcessSampler
-from tests.stages import STAGES as SITE_STAGES
+from tests.pins import STAGES as SITE_STAGES
 
 from p40fleet import cli
 from p40fleet.run import RunResult

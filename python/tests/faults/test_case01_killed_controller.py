@@ -32,11 +32,12 @@ from tests.faults.tools import (
     kill_controller,
     start_playbook,
 )
+from tests.pins import CUDA_HOME
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(1), pytest.mark.faults_full]
 
 HOST, OWNER, PYTHON = CONVERGED_HOST, ENV_OWNER, ENV_PYTHON
-CUDA = "/usr/local/cuda-11.8"
+CUDA = CUDA_HOME
 APEX_WHEELS = "/opt/p40fleet/apex-wheels"
 VERL_MARKER = f"{ENV}/.p40fleet-verl-requirements.sha1"
 CONDA_MARKER = "/var/lib/p40fleet/conda_env-verl-env.creating"

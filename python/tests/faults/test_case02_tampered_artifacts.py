@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.faults.tools import MirrorServer
+from tests.pins import CUDA_HOME
 
 from p40fleet_dev import fixtures
 from p40fleet_dev.sandbox import podman
@@ -60,7 +61,7 @@ ARTIFACTS = (
         "cuda_toolkit_runfile_sha256",
         "cuda_toolkit",
         "/var/tmp/p40fleet/cuda_toolkit.p40fleet/cuda_11.8.0_520.61.05_linux.run",
-        ("/usr/local/cuda-11.8", "/var/lib/p40fleet/cuda_toolkit-cuda-11.8.installing", "/usr/local/cuda"),
+        (CUDA_HOME, "/var/lib/p40fleet/cuda_toolkit-cuda-11.8.installing", "/usr/local/cuda"),
     ),
     # cuDNN links into the toolkit: the host gets the genuine toolkit first.
     Artifact(
@@ -132,11 +133,11 @@ def run_tampered(fleet, artifact: Artifact, tampered, extra: dict):
 
 def needs_the_artifact(fleet, artifact: Artifact) -> None:
     """Put the host where the stage must fetch the artifact: nothing of it installed, the stages before it done."""
-    if artifact.name == "cudnn_tarball" and not fleet.exists(HOST, "/usr/local/cuda-11.8/version.json"):
+    if artifact.name == "cudnn_tarball" and not fleet.exists(HOST, f"{CUDA_HOME}/version.json"):
         toolkit = fleet.play(HOST, upto="cuda_toolkit")
         assert toolkit.rc == 0, [f.message for f in toolkit.failures]
     if artifact.name == "cuda_runfile":
-        fleet.sh(HOST, "rm -rf /usr/local/cuda-11.8 /usr/local/cuda /var/lib/p40fleet/cuda_toolkit-*.installing")
+        fleet.sh(HOST, f"rm -rf {CUDA_HOME} /usr/local/cuda /var/lib/p40fleet/cuda_toolkit-*.installing")
 
 
 @pytest.mark.parametrize("artifact", ARTIFACTS, ids=[a.name for a in ARTIFACTS])

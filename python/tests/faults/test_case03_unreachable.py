@@ -18,6 +18,7 @@ import subprocess
 
 import pytest
 from tests.faults.tools import BIN, HostTrap
+from tests.pins import CUDA_HOME
 
 from p40fleet import cli
 from p40fleet_dev.paths import REPO_ROOT
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(3)]
 
 HOSTS = ("node12", "node13", "node14", "node15")
 GONE = "node15"
-CUDA = "/usr/local/cuda-11.8"
+CUDA = CUDA_HOME
 MARKER = "/var/lib/p40fleet/cuda_toolkit-cuda-11.8.installing"
 TAGS = "gpu_preflight,host_prereqs,cuda_toolkit"
 
