@@ -35,13 +35,14 @@ def host(tmp_path):
     return tmp_path, spec
 
 
-def run_probe(state_dir, stages, check_mode=False, preflight=None, run_tags=("all",)):
+def run_probe(state_dir, stages, check_mode=False, preflight=None, run_tags=("all",), skip_tags=()):
     return probe_module.probe(
         {
             "state_dir": str(state_dir),
             "stages": stages,
             "preflight_state": preflight,
             "run_tags": list(run_tags),
+            "skip_tags": list(skip_tags),
             "host": "node1",
         },
         check_mode,
@@ -172,7 +173,30 @@ def test_check_mode_plans_a_stage_whose_prerequisites_are_absent(host):
     spec["requires"] = [str(root / "env" / "bin" / "python")]
     result = run_probe(root / "state", {"pytorch": spec}, check_mode=True)
     assert result["gates"] == {"pytorch": "plan"}
+    assert result["planned"] == ["pytorch"]
     assert result["stages"]["pytorch"]["plan"].startswith("pytorch would be converged: no record of a completed")
+    # A real run never plans: the stage converges.
+    assert run_probe(root / "state", {"pytorch": spec})["planned"] == []
+
+
+@pytest.mark.parametrize(
+    ("run_tags", "skip_tags", "planned"),
+    [
+        (["all"], [], ["conda_env", "pytorch"]),
+        (["pytorch"], [], ["pytorch"]),
+        (["gpu_preflight", "conda_env"], [], ["conda_env"]),
+        (["all"], ["conda_env"], ["pytorch"]),
+        (["cuda_toolkit"], [], []),
+    ],
+)
+def test_the_dry_run_reports_the_plans_of_the_stages_its_tags_select(host, run_tags, skip_tags, planned):
+    """A dry run reports the plans of the stages its tags select, as they select the stage's own tasks (each
+    tagged with its stage's name in site.yml)."""
+    root, spec = host
+    spec["requires"] = [str(root / "env" / "bin" / "python")]
+    stages = {"conda_env": spec, "pytorch": spec}
+    result = run_probe(root / "state", stages, check_mode=True, run_tags=run_tags, skip_tags=skip_tags)
+    assert result["planned"] == planned
 
 
 def test_reverify_follows_the_preflight_state_the_stack_was_verified_on(tmp_path):
