@@ -36,13 +36,14 @@ def host(tmp_path):
     return tmp_path, spec
 
 
-def run_probe(state_dir, stages, check_mode=False, preflight=None, run_tags=("all",)):
+def run_probe(state_dir, stages, check_mode=False, preflight=None, run_tags=("all",), skip_tags=()):
     return probe_module.probe(
         {
             "state_dir": str(state_dir),
             "stages": stages,
             "preflight_state": preflight,
             "run_tags": list(run_tags),
+            "skip_tags": list(skip_tags),
             "host": "node1",
         },
         check_mode,
@@ -173,7 +174,30 @@ def test_check_mode_plans_a_stage_whose_prerequisites_are_absent(host):
     spec["requires"] = [str(root / "env" / "bin" / "python")]
     result = run_probe(root / "state", {"pytorch": spec}, check_mode=True)
     assert result["gates"] == {"pytorch": "plan"}
+    assert result["planned"] == ["pytorch"]
     assert result["stages"]["pytorch"]["plan"].startswith("pytorch would be converged: no record of a completed")
+    # A real run never plans: the stage converges.
+    assert run_probe(root / "state", {"pytorch": spec})["planned"] == []
+
+
+@pytest.mark.parametrize(
+    ("run_tags", "skip_tags", "planned"),
+    [
+        (["all"], [], ["conda_env", "pytorch"]),
+        (["pytorch"], [], ["pytorch"]),
+        (["gpu_preflight", "conda_env"], [], ["conda_env"]),
+        (["all"], ["conda_env"], ["pytorch"]),
+        (["cuda_toolkit"], [], []),
+    ],
+)
+def test_the_dry_run_reports_the_plans_of_the_stages_its_tags_select(host, run_tags, skip_tags, planned):
+    """A dry run reports the plans of the stages its tags select, as they select the stage's own tasks (each
+    tagged with its stage's name in site.yml)."""
+    root, spec = host
+    spec["requires"] = [str(root / "env" / "bin" / "python")]
+    stages = {"conda_env": spec, "pytorch": spec}
+    result = run_probe(root / "state", stages, check_mode=True, run_tags=run_tags, skip_tags=skip_tags)
+    assert result["planned"] == planned
 
 
 def test_reverify_follows_the_preflight_state_the_stack_was_verified_on(tmp_path):
@@ -224,8 +248,9 @@ def test_role_inputs_leave_secrets_out_and_the_code_digest_follows_the_role(tmp_
     assert specs_lookup.role_code_sha256(str(role)) != before
 
 
-def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
-    """Each stage of fleet_state_stages has markers, a gate of at most two tasks, and records after converging."""
+def test_every_stage_role_declares_its_markers_and_records_after_converging():
+    """Each stage of fleet_state_stages has markers, a main.yml of one include of its steps (tagged verify, so that
+    --tags verify reaches its checks), and records after converging."""
     import yaml
 
     stages = STAGES
@@ -236,13 +261,35 @@ def test_every_stage_role_declares_its_markers_and_gates_on_the_probe():
         role_vars = [role / "vars" / "main.yml", *sorted((role / "vars" / "main").glob("*.yml"))]
         declared = {k for path in role_vars if path.exists() for k in yaml.safe_load(path.read_text())}
         assert f"{stage}_state_markers" in declared, stage
-        gate = yaml.safe_load((role / "tasks" / "main.yml").read_text())
-        assert len(gate) <= 2, stage
-        assert gate[0]["ansible.builtin.include_tasks"] == "converge.yml", stage
-        assert f"fleet_state_found.gates.{stage}" in gate[0]["when"], stage
+        main = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+        assert len(main) == 1, stage
+        assert main[0]["ansible.builtin.include_tasks"] == "converge.yml", stage
+        assert main[0]["tags"] == ["verify"], stage
         converge = yaml.safe_load((role / "tasks" / "converge.yml").read_text())
         assert converge[-1]["ansible.builtin.include_role"] == {"name": "fleet_state", "tasks_from": "record"}, stage
         assert converge[-1]["vars"]["fleet_state_record_stage"] == stage
+
+
+def test_one_gate_per_stage():
+    """Whether a stage runs is decided once, by site.yml's `when` on the probe's gate: no role's tasks read the
+    probe's verdict again (a role used alone, without fleet_state, runs its steps), and site.yml gates every
+    stage, in fleet_state_stages' order, on its own gate, running it for converge or verify."""
+    import yaml
+
+    stages = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["fleet_state_stages"]
+    regated = [
+        str(path.relative_to(REPO_ROOT))
+        for path in sorted((REPO_ROOT / "roles").glob("*/tasks/**/*.yml"))
+        if not path.is_relative_to(ROLE) and "fleet_state_found" in path.read_text()
+    ]
+    assert regated == [], "a role's tasks gate on fleet_state_found again: site.yml's `when` is the stage's gate"
+    play = yaml.safe_load((REPO_ROOT / "site.yml").read_text())[0]
+    gated = [entry for entry in play["roles"] if entry["role"] in stages]
+    assert [entry["role"] for entry in gated] == stages
+    for entry in gated:
+        stage = entry["role"]
+        assert entry["tags"] == [stage], stage
+        assert entry["when"] == f"fleet_state_found.gates.{stage} | default('converge') in ['converge', 'verify']"
 
 
 def test_a_stage_is_templated_against_the_variables_it_references_transitively():

@@ -8,7 +8,8 @@ Modes:
   record, when its inputs (the role's variables and code) differ from the recorded ones, or when a file
   it owns is not as recorded. Also: whether the stack must be re-verified (the preflight state differs
   from the one it was last verified on: driver, kernel module, GPUs) and, per stage, the gate: converge,
-  verify, plan (check mode, prerequisites absent) or none.
+  verify, plan (check mode, prerequisites absent) or none; and the stages whose plan the dry run reports in
+  their place (site.yml runs a stage only where its gate is converge or verify).
 - record: write one stage's record after its converge and checks passed.
 - verified: write the preflight state the whole stack was verified on.
 
@@ -74,6 +75,11 @@ options:
     type: list
     elements: str
     default: [all]
+  skip_tags:
+    description: The run's skipped tags (ansible_skip_tags); with run_tags, which stages' plans are reported.
+    type: list
+    elements: str
+    default: []
   packages:
     description: dpkg packages the stage installed (mode record, stages with packages true).
     type: list
@@ -83,8 +89,15 @@ options:
 
 RETURN = r"""
 stages:
-  description: Stage -> {found, drift (list of reasons, empty when converged), ready (bool), gate}.
+  description: Stage -> {found, drift (list of reasons, empty when converged), ready (bool), gate, plan}.
   type: dict
+  returned: mode probe
+planned:
+  description: >-
+    The stages, in order, whose gate is plan and which the run's tags select: a dry run reports their plan in
+    place of running them (site.yml skips them).
+  type: list
+  elements: str
   returned: mode probe
 reverify:
   description: Whether the stack must be re-verified on this host (also said in a warning naming the host).
@@ -299,6 +312,11 @@ def gate(drift: list[str], ready: bool, reverify: bool, run_tags: list[str], che
     return "verify" if reverify else "none"
 
 
+def selected(stage: str, run_tags: list[str], skip_tags: list[str]) -> bool:
+    """Whether the run's tags run a stage: site.yml tags each stage's role with the stage's name."""
+    return ("all" in run_tags or stage in run_tags) and stage not in skip_tags
+
+
 def probe(params: dict, check_mode: bool) -> dict:
     state_dir = params["state_dir"]
     preflight = params.get("preflight_state")
@@ -335,6 +353,11 @@ def probe(params: dict, check_mode: bool) -> dict:
         "reverify": reverify,
         "verified": verified,
         "gates": gates,
+        "planned": [
+            name
+            for name, value in gates.items()
+            if value == "plan" and selected(name, params["run_tags"], params["skip_tags"])
+        ],
         "converged": not reverify and all(value == "none" for value in gates.values()),
     }
     if reverify:
@@ -410,6 +433,7 @@ OPTIONS = {
     "preflight_state": ((dict, type(None)), None),
     "preflight_state_file": ((str, type(None)), None),
     "run_tags": ((list,), ["all"]),
+    "skip_tags": ((list,), []),
     "host": ((str,), "this host"),
     "packages": ((list,), []),
 }
@@ -427,7 +451,7 @@ def options(arguments: dict) -> dict:
         params[name] = default if value is None else value
         if params[name] is not None and not isinstance(params[name], types):
             raise ValueError(f"{name} must be a {' or '.join(t.__name__ for t in types)}, got {value!r}")
-    for name in ("run_tags", "packages"):
+    for name in ("run_tags", "skip_tags", "packages"):
         if not all(isinstance(item, str) for item in params[name]):
             raise ValueError(f"{name} must be a list of strings, got {params[name]!r}")
     if params["mode"] not in MODES:
