@@ -257,6 +257,16 @@ def test_bad_options_are_named(arguments, message):
         path_module.options(arguments)
 
 
+def test_a_dry_run_before_the_env_owner_exists_reports_the_owners_paths_as_to_be_made(tmp_path):
+    # conda_env's user task only pretends in check mode; the owner's prefix is what the real run would make.
+    arguments = {"path": str(tmp_path / "prefix"), "owner": "no-such-account-p40", "mode": "0755"}
+    arguments["trusted_owner"] = arguments["owner"]
+    assert path_module.run(path_module.options(arguments), True) == {"changed": True, "path": arguments["path"]}
+    assert not (tmp_path / "prefix").exists()
+    with pytest.raises(path_module.Refused, match="the account 'no-such-account-p40' does not exist"):
+        path_module.run(path_module.options(arguments), False)
+
+
 def test_an_env_owner_not_made_yet_is_trusted_with_nothing(tmp_path):
     # Root's staging comes before conda_env makes the owner: root's directories are still made and checked.
     arguments = {
