@@ -139,7 +139,16 @@ HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
     "node3": ("p40-driver-r590", {}, {}, "case 4: a branch past R580"),
     "node4": ("p40-upgraded-unloaded", {}, {}, "case 4: NVML mismatch after a driver upgrade"),
     "node5": ("nogpu", {}, {}, "case 4: no GPU"),
-    "node6": ("p40", {"/srv/small": "64m"}, {"cuda_toolkit_tmpdir": "/srv/small/p40fleet"}, "case 6"),
+    "node6": (
+        "p40",
+        {"/srv/small": "64m"},
+        # The runfile's real need for its extraction (the sandbox asks 1 GiB a path): the case is that figure.
+        {
+            "cuda_toolkit_tmpdir": "/srv/small/p40fleet",
+            "gpu_preflight_disk_checks": sandbox_disk_checks(cuda_toolkit_tmpdir=10),
+        },
+        "case 6",
+    ),
     "node7": ("p40", {}, {}, "case 2: tampered artifacts"),
     "node8": ("p40", {}, {}, "case 9: a wrong type"),
     "node9": ("p40", {}, {}, "case 9: a GPU model the host does not have"),
