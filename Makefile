@@ -77,8 +77,11 @@ lint: venv
 molecule: sandbox-deps
 	$(BIN)/molecule test --all
 
+# One pytest-xdist worker a core: a fleet's run keeps about one core busy (controller, ssh, the hosts' Python).
+# Work units are whole modules, or the modules sharing a fleet (conftest.py's groups), costliest first.
+PYTEST_WORKERS ?= $(shell nproc)
 pytest: sandbox-deps test-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: lint molecule pytest
 

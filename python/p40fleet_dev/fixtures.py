@@ -11,6 +11,7 @@ built by the modules in python/tests/fixtures/standins/artifacts/, each exposing
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -190,8 +191,18 @@ def build_standins() -> StandinArtifacts:
     manifest = out / "group_vars.json"
     if manifest.exists():
         return StandinArtifacts(out / "mirror", json.loads(manifest.read_text()))
-    upstream = fetch_upstream()
     out.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (pytest-xdist's workers start sandboxes together): a build is not byte-for-byte
+    # repeatable (git commits carry times), so a second build's variables could name files the first one kept.
+    with (out.parent / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if manifest.exists():
+            return StandinArtifacts(out / "mirror", json.loads(manifest.read_text()))
+        return _build_standins(out)
+
+
+def _build_standins(out: Path) -> StandinArtifacts:
+    upstream = fetch_upstream()
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix="building-"))
     group_vars: dict = {}
     try:

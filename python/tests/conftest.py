@@ -13,7 +13,9 @@ from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
 from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
+from tests.faults import table as fault_table
 from tests.pins import CUDA_HOME
+from tests.workers import sandbox_name
 
 PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") is None
 # Runs the tests make are kept in the checkout's .runs/, not in the user's own state directory.
@@ -22,16 +24,73 @@ os.environ["P40FLEET_STATE_DIR"] = str(RUNS_DIR / "pytest-state")
 TEST_OUTPUT = RUNS_DIR / "test-output"
 
 
+def _xdist_group(item) -> str | None:
+    """The work unit a test belongs to under `--dist loadgroup` when a fleet is shared beyond its module: the
+    fault suite's fleet (session-wide, every module under faults/), conftest's site_fleet (the modules using it),
+    or a group the module names itself (xdist_group). Other tests stay with their module, as under loadscope."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker:
+        return marker.args[0]
+    if item.path.parent.name == "faults":
+        return "faults"
+    if "site_fleet" in item.fixturenames:
+        return "site-fleet"
+    return None
+
+
+def _order_and_group(items) -> None:
+    """Whole modules (or shared-fleet groups) as work units, the costliest first: those converging fleets from
+    fresh hosts (converge), then other sandbox tests, then the container-free ones. Longest first keeps the two
+    workers busy to the end, where collection order left one waiting on the last fleet; within a unit the order
+    is unchanged, so a module's fixtures are set up once."""
+    unit_of = {}
+    for item in items:
+        group = _xdist_group(item)
+        unit_of[item] = group or str(item.path)
+    # A module with one test using a shared fleet runs wholly with that fleet's group.
+    module_group = {}
+    for item in items:
+        if unit_of[item] != str(item.path):
+            module_group.setdefault(str(item.path), unit_of[item])
+    weight: dict[str, int] = {}
+    for item in items:
+        unit = module_group.get(str(item.path), unit_of[item])
+        unit_of[item] = unit
+        cost = 0 if "converge" in item.keywords else 1 if "sandbox" in item.keywords else 2
+        weight[unit] = min(weight.get(unit, 2), cost)
+    items.sort(key=lambda item: weight[unit_of[item]])
+    for item in items:
+        if unit_of[item] != str(item.path):
+            item.add_marker(pytest.mark.xdist_group(unit_of[item]))
+
+
+# Before xdist's own hook, which reads the groups set here.
+def pytest_configure(config):
+    fault_table.configure(config)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    fault_table.collect(config, items)
     for item in items:
         if "sandbox" not in item.keywords:
             item.add_marker(pytest.mark.unit)
+    _order_and_group(items)
     if not PODMAN_MISSING:
         return
     # Sandbox tests need podman; `make test` installs it, so there a missing podman is an error.
     for item in items:
         if "sandbox" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="podman/debootstrap not installed: run `make sandbox-deps`"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    fault_table.node_down(node)
+
+
+def pytest_terminal_summary(terminalreporter):
+    fault_table.summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +115,7 @@ def make_sandbox():
         tmpfs: dict[str, dict[str, str]] | None = None,
         services: bool = False,
     ) -> Sandbox:
-        sandbox = Sandbox(f"pytest-{name}")
+        sandbox = Sandbox(sandbox_name(name))
         sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services)
         _sandboxes[sandbox.name] = sandbox
         return sandbox

@@ -12,7 +12,8 @@ import pytest
 
 from p40fleet_dev.sandbox import Sandbox, podman
 
-pytestmark = pytest.mark.sandbox
+# The modules of this group share the sandbox "cuda": one pytest-xdist worker runs them, in order.
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("cuda-sandbox")]
 
 PLAYBOOK = "python/tests/playbooks/artifact_fetch.yml"
 FILE_NAME = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"

@@ -18,7 +18,8 @@ from p40fleet_dev.sandbox import Sandbox
 from tests.host_state import exists, sh
 from tests.pins import CUDA_HOME
 
-pytestmark = pytest.mark.sandbox
+# The modules of this group share the sandbox "cuda": one pytest-xdist worker runs them, in order.
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("cuda-sandbox")]
 
 PLAYBOOK = "python/tests/playbooks/cuda_cudnn.yml"
 HOSTS = ("node1", "node2")

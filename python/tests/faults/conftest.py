@@ -1,8 +1,6 @@
-"""The fault suite (issue 13): one sandbox fleet shared by the cases, and the table of cases printed at the end.
-
-`make test` runs the cases that fit CI's time budget; the ones marked `faults_full` (kills, disk filling up,
-the second source of every tampered artifact) run only under `make faults` (P40FLEET_FAULTS=full), and the
-table says so for each case instead of leaving it out.
+"""The fault suite (issue 13): one sandbox fleet shared by the cases. The markers, which cases run and the table of
+cases printed at the end are tests/faults/table.py's, hooked in by python/tests/conftest.py (under pytest-xdist
+the controller, which prints the table, loads only that conftest).
 """
 
 from __future__ import annotations
@@ -18,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.faults.cases import BY_NUMBER, CASES
 from tests.faults.tools import CONDA_TMPFS, MODEL_REPO, MirrorServer, ProcessSampler
 from tests.pins import STAGES as SITE_STAGES
+from tests.workers import sandbox_name
 
 from p40fleet import cli
 from p40fleet.run import RunResult
@@ -28,98 +26,11 @@ from p40fleet.state import StateDir
 from p40fleet_dev.paths import REPO_ROOT
 from p40fleet_dev.sandbox import Sandbox, podman, sandbox_disk_checks
 
-FULL = os.environ.get("P40FLEET_FAULTS") == "full"
 # P40FLEET_FAULTS_KEEP=1 leaves the fleet running after the session (to iterate on one case); the next session
 # reuses it when its hosts are the same, and every case puts the hosts it uses where it needs them.
 SITE = REPO_ROOT / "site.yml"
 # site.yml's stages (each tagged with its name), in order.
 STAGES = ("gpu_preflight", *SITE_STAGES)
-
-_case_of: dict[str, tuple[int, ...]] = {}
-_deselected: set[str] = set()
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "fault_case(*numbers): the issue 13 case(s) this test proves")
-    config.addinivalue_line("markers", "faults_full: too slow for make test's budget; runs under make faults")
-
-
-def pytest_collection_modifyitems(config, items):
-    kept = []
-    for item in items:
-        numbers = tuple(n for marker in item.iter_markers("fault_case") for n in marker.args)
-        if numbers:
-            unknown = [n for n in numbers if n not in BY_NUMBER]
-            if unknown:
-                raise pytest.UsageError(f"{item.nodeid}: fault_case {unknown} is not a case of issue 13")
-            _case_of[item.nodeid] = numbers
-        if item.get_closest_marker("faults_full") and not FULL:
-            _deselected.add(item.nodeid)
-        else:
-            kept.append(item)
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in _deselected])
-        items[:] = kept
-
-
-def _outcomes(terminalreporter) -> tuple[dict[str, str], dict[str, str]]:
-    """Each test's outcome (failed in any phase over xfailed over skipped over passed), and why each xfailed."""
-    rank = {"passed": 0, "skipped": 1, "xfailed": 2, "failed": 3, "error": 3, "xpassed": 3}
-    found: dict[str, str] = {}
-    reasons: dict[str, str] = {}
-    for key, reports in terminalreporter.stats.items():
-        if key not in rank:
-            continue
-        for report in reports:
-            nodeid = getattr(report, "nodeid", None)
-            if not nodeid or (key == "passed" and getattr(report, "when", "call") != "call"):
-                continue
-            outcome = "failed" if key in ("error", "xpassed") else key
-            if key == "xfailed":
-                reasons[nodeid] = getattr(report, "wasxfail", "")
-            if nodeid not in found or rank[outcome] > rank[found[nodeid]]:
-                found[nodeid] = outcome
-    return found, reasons
-
-
-def _belongs(nodeid: str, reused: str) -> bool:
-    return nodeid == reused or nodeid.startswith((reused + "[", reused + "::"))
-
-
-def pytest_terminal_summary(terminalreporter):
-    outcomes, reasons = _outcomes(terminalreporter)
-    line = terminalreporter.write_line
-    pad = f"{'':>4}  {'':<8}  {'':<28}  "
-    terminalreporter.write_sep("=", "fault suite (issue 13): cases")
-    line(f"{'case':>4}  {'result':<8}  {'tests':<28}  what")
-    for case in CASES:
-        own = [n for n, numbers in _case_of.items() if case.number in numbers]
-        reused = [n for n in outcomes if any(_belongs(n, r) for r in case.reused)]
-        ran = {n: outcomes[n] for n in own + reused if n in outcomes}
-        kinds = ("passed", "failed", "xfailed", "skipped")
-        counts = {kind: sum(1 for o in ran.values() if o == kind) for kind in kinds}
-        waiting = [n for n in own if n in _deselected]
-        if counts["failed"]:
-            result = "FAIL"
-        elif counts["xfailed"]:
-            result = "DEFECT"  # a defect the case found, its test kept failing (strict xfail) until it is fixed
-        elif counts["skipped"]:
-            result = "SKIPPED"
-        elif ran:
-            result = "pass"
-        else:
-            result = "waiting" if case.pending and not own else "not run"
-        tests = ", ".join(f"{count} {kind}" for kind, count in counts.items() if count) or "-"
-        if waiting:
-            tests += f"; {len(waiting)} in make faults"
-        line(f"{case.number:>4}  {result:<8}  {tests:<28}  {case.title}")
-        for nodeid in sorted(n for n in ran if ran[n] == "xfailed"):
-            line(f"{pad}known defect: {reasons.get(nodeid, '').removeprefix('reason: ')} ({nodeid.split('::')[-1]})")
-        if case.pending:
-            line(f"{pad}still needs: {case.pending}")
-        if result == "not run" and case.reused and not reused:
-            line(f"{pad}(the tests it reuses were not in this session)")
-
 
 # -- the shared fleet ---------------------------------------------------------------------------------------
 
@@ -224,7 +135,7 @@ class Fleet:
 
 @pytest.fixture(scope="session")
 def fleet(run_playbook):
-    sandbox = Sandbox("pytest-faults")
+    sandbox = Sandbox(sandbox_name("faults"))
     sandbox.up(
         [profile for profile, _, _, _ in HOSTS.values()],
         login="sudo-password",
