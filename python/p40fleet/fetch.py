@@ -2,8 +2,9 @@
 
 The pins are read from the role defaults and the inventory by playbooks/pins.yml, as site.yml sees them per host
 (one home per pin: nothing is restated here). `p40fleet fetch` fills the controller cache that
-roles/artifact_fetch reads in controller mode (<artifact_fetch_controller_cache_dir>/<name>/<file name>);
-p40fleet.bundle writes a whole mirror directory with the same downloader.
+roles/artifact_fetch reads in controller mode (<artifact_fetch_controller_cache_dir>/<name>/<file name>), and the
+role fills it with the same downloader (its action plugin artifact_fetch_cache); p40fleet.bundle writes a whole
+mirror directory with it too: one downloader for every file the controller keeps.
 
 A download goes to <dest>.partial beside the destination: a cut connection is resumed from where it stopped
 (HTTP Range), now or by a later run; the file moves into place (os.replace, one rename on one filesystem) only

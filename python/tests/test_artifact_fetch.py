@@ -107,13 +107,15 @@ def test_mirror_source_uses_the_upstream_file_name_under_the_mirror(fleet, run_p
     assert mirror_requests(fleet) == before + len(HOSTS)
 
 
-def controller_verifications(result) -> list[str]:
-    """The hosts on whose behalf the controller ran get_url (each one hashes the cached file or downloads it)."""
+def controller_verifications(result) -> list[tuple[str, str]]:
+    """(host, path) for each artifact the controller's downloader checked on a host's behalf (each check hashes the
+    cached file or downloads it)."""
     return [
-        e["event_data"]["host"]
+        (e["event_data"]["host"], item["path"])
         for e in result.events
-        if e.get("event") in ("runner_item_on_ok", "runner_item_on_failed")
+        if e.get("event") in ("runner_on_ok", "runner_on_failed")
         and e["event_data"].get("task") == CONTROLLER_FETCH_TASK
+        for item in e["event_data"]["res"]["results"]
     ]
 
 
@@ -121,7 +123,7 @@ def test_controller_source_downloads_and_verifies_once_for_the_fleet(fleet, run_
     cache = tmp_path / "controller-cache"
     cached = cache / "cudnn_tarball" / FILE_NAME
     before = mirror_requests(fleet)
-    # The second run finds the file in the cache: get_url hashes it, once for the fleet, and downloads nothing.
+    # The second run finds the file in the cache: the downloader hashes it, once for the fleet, and downloads nothing.
     for run, dest_dir in enumerate(("/var/tmp/fetch-controller", "/var/tmp/fetch-controller-again")):
         dest = f"{dest_dir}/{FILE_NAME}"
         result = run_playbook(

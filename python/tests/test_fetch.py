@@ -231,3 +231,93 @@ def test_two_pins_for_one_cache_file_are_refused(tmp_path):
     with pytest.raises(FetchError, match="two different pins want this file name"):
         controller_cache_downloads([host("a", "a" * 64), host("b", "b" * 64)])
     assert len(controller_cache_downloads([host("a", "a" * 64), host("b", "a" * 64)])) == 1
+
+
+# -- the role's controller download: the same downloader, through Ansible ------------------------------
+
+CACHE_PLAYBOOK = """\
+- hosts: local
+  gather_facts: false
+  tasks:
+    - name: Fill the controller cache
+      artifact_fetch_cache:
+        artifacts: "{{ wanted }}"
+        attempts: "{{ attempts }}"
+      register: filled
+      ignore_errors: true
+    - name: Show it
+      ansible.builtin.debug:
+        var: filled
+"""
+
+
+@pytest.fixture
+def cache_play(tmp_path, run_playbook):
+    """Run roles/artifact_fetch's action plugin (what fetch_controller.yml runs) on the controller, with its
+    plugin directory on Ansible's path; -> the registered result."""
+    playbook = tmp_path / "cache.yml"
+    playbook.write_text(CACHE_PLAYBOOK)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"local": {"ansible_connection": "local"}}}}))
+    plugins = REPO_ROOT / "roles" / "artifact_fetch" / "action_plugins"
+
+    def play(wanted, attempts=3, check=False):
+        result = run_playbook(
+            playbook,
+            inventory,
+            check=check,
+            extra_vars={"wanted": wanted, "attempts": attempts},
+            envvars={"ANSIBLE_ACTION_PLUGINS": str(plugins)},
+        )
+        (shown,) = [
+            e["event_data"]["res"]["filled"]
+            for e in result.events
+            if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Show it"
+        ]
+        return shown
+
+    return play
+
+
+def test_the_roles_controller_download_resumes_and_refuses_as_p40fleet_fetch_does(server, tmp_path, cache_play):
+    server.files["/other.run"] = payload(2, 4096)
+    cache = tmp_path / "controller-cache"
+    artifact = {
+        "name": "cuda_runfile",
+        "url": server.base_url + "/artifact.run",
+        "sha256": sha256(server.files["/artifact.run"]),
+        "path": str(cache / "cuda_runfile" / "artifact.run"),
+    }
+    tampered = {
+        "name": "cudnn_tarball",
+        "url": server.base_url + "/other.run",
+        "sha256": sha256(b"the pinned archive"),
+        "path": str(cache / "cudnn_tarball" / "other.run"),
+    }
+    # Check mode: what a run would fetch, and no request.
+    shown = cache_play([artifact], check=True)
+    assert [(r["state"], r["changed"]) for r in shown["results"]] == [("absent", True)]
+    assert server.log == []
+    # One attempt, cut mid-file: that artifact fails alone, its bytes kept for the next run; the tampered one is
+    # refused with both sums and nothing kept.
+    server.cut_after["/artifact.run"] = CUT
+    shown = cache_play([artifact, tampered], attempts=1)
+    cut, refused = shown["results"]
+    assert cut["failed"] and "the next run resumes from there" in cut["msg"], cut
+    kept = Path(artifact["path"] + ".partial").stat().st_size
+    assert CUT - NETWORK_CHUNK < kept <= CUT
+    assert refused["failed"] and refused["msg"] == (
+        f"cudnn_tarball: {tampered['url']} gave a file with sha256 {sha256(server.files['/other.run'])}, but the pin"
+        f" is {tampered['sha256']}. Refused: nothing was kept at {tampered['path']}. Check that the URL (or mirror)"
+        " serves the pinned file and that the pin is right."
+    )
+    assert sorted(p.name for p in (cache / "cudnn_tarball").iterdir()) == []
+    # The next run resumes from the kept bytes; the one after finds the file and requests nothing.
+    shown = cache_play([artifact])
+    assert [(r["state"], r["changed"]) for r in shown["results"]] == [("resumed", True)]
+    assert server.log[-1].range == f"bytes={kept}-"
+    assert Path(artifact["path"]).read_bytes() == server.files["/artifact.run"]
+    requests = len(server.log)
+    shown = cache_play([artifact])
+    assert [(r["state"], r["changed"]) for r in shown["results"]] == [("present", False)]
+    assert len(server.log) == requests
