@@ -59,16 +59,18 @@ def _order_and_group(items) -> None:
         cost = 0 if "converge" in item.keywords else 1 if "sandbox" in item.keywords else 2
         weight[unit] = min(weight.get(unit, 2), cost)
     items.sort(key=lambda item: weight[unit_of[item]])
+    # Every test names its unit: loadgroup sends a test without a group to any worker on its own, which splits a
+    # module across workers (each converging the module's fleet, and a test missing what the one before it left).
     for item in items:
-        if unit_of[item] != str(item.path):
-            item.add_marker(pytest.mark.xdist_group(unit_of[item]))
+        unit = unit_of[item]
+        item.add_marker(pytest.mark.xdist_group(unit if unit != str(item.path) else item.nodeid.split("::")[0]))
 
 
-# Before xdist's own hook, which reads the groups set here.
 def pytest_configure(config):
     fault_table.configure(config)
 
 
+# Before xdist's own hook, which reads the groups set here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     fault_table.collect(config, items)
