@@ -43,18 +43,16 @@ def _order_and_group(items) -> None:
     fresh hosts (converge), then other sandbox tests, then the container-free ones. Longest first keeps the two
     workers busy to the end, where collection order left one waiting on the last fleet; within a unit the order
     is unchanged, so a module's fixtures are set up once."""
-    unit_of = {}
-    for item in items:
-        group = _xdist_group(item)
-        unit_of[item] = group or str(item.path)
+    module_of = {item: item.nodeid.split("::")[0] for item in items}
+    unit_of = {item: _xdist_group(item) or module_of[item] for item in items}
     # A module with one test using a shared fleet runs wholly with that fleet's group.
     module_group = {}
     for item in items:
-        if unit_of[item] != str(item.path):
-            module_group.setdefault(str(item.path), unit_of[item])
+        if unit_of[item] != module_of[item]:
+            module_group.setdefault(module_of[item], unit_of[item])
     weight: dict[str, int] = {}
     for item in items:
-        unit = module_group.get(str(item.path), unit_of[item])
+        unit = module_group.get(module_of[item], unit_of[item])
         unit_of[item] = unit
         cost = 0 if "converge" in item.keywords else 1 if "sandbox" in item.keywords else 2
         weight[unit] = min(weight.get(unit, 2), cost)
@@ -62,8 +60,7 @@ def _order_and_group(items) -> None:
     # Every test names its unit: loadgroup sends a test without a group to any worker on its own, which splits a
     # module across workers (each converging the module's fleet, and a test missing what the one before it left).
     for item in items:
-        unit = unit_of[item]
-        item.add_marker(pytest.mark.xdist_group(unit if unit != str(item.path) else item.nodeid.split("::")[0]))
+        item.add_marker(pytest.mark.xdist_group(unit_of[item]))
 
 
 def pytest_configure(config):

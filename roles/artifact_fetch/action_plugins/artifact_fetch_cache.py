@@ -17,7 +17,6 @@ for it fail in the role, the others carry on. Check mode downloads nothing and r
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from ansible.errors import AnsibleActionFail
@@ -30,14 +29,6 @@ ARGUMENTS = {
 }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -46,7 +37,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENTS)
         try:
-            from p40fleet.fetch import Download, Fetcher, FetchError
+            from p40fleet.fetch import Download, Fetcher, FetchError, sha256_of
         except ImportError as error:
             raise AnsibleActionFail(
                 "artifact_fetch's controller source downloads with p40fleet's downloader (p40fleet.fetch), which this"
@@ -67,7 +58,7 @@ class ActionModule(ActionBase):
             )
             entry = {"path": str(path), "url": download.url, "failed": False}
             if self._task.check_mode:
-                present = path.is_file() and _sha256(path) in download.sha256s
+                present = path.is_file() and sha256_of(path) in download.sha256s
                 entry.update(state="present" if present else "absent", changed=not present)
             else:
                 try:
