@@ -399,6 +399,8 @@ class Host:
     tmpfs: dict[str, str] = field(default_factory=dict)
     # Whether the stand-in service manager runs on the host (Sandbox.up(services=True)).
     services: bool = False
+    # The podman image the host started from where it is not the bare sandbox image (Sandbox.up(image=...)).
+    image: str = ""
 
 
 class Sandbox:
@@ -449,6 +451,7 @@ class Sandbox:
         os_name: str = DEFAULT_OS,
         tmpfs: Mapping[str, Mapping[str, str]] | None = None,
         services: bool = False,
+        image: str = "",
     ) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
         profiles, login, OS and mounts is kept as it is, any other is replaced. `login` is how Ansible logs
@@ -456,7 +459,9 @@ class Sandbox:
         the password in become_password_file) or `root`. `os_name` is a key of OS_RELEASES. `tmpfs` gives
         hosts small filesystems of their own, {host name: {path: size}}: a disk that is too small or fills up,
         without touching the build machine's disk. `services` starts the stand-in service manager on every host
-        (`systemctl` answers there), for roles that run systemd units."""
+        (`systemctl` answers there), for roles that run systemd units. `image` starts every host from a
+        converged host's disk (p40fleet_dev.images.converged_image, built for the same login and OS) instead of a
+        bare one."""
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         if os_name not in OS_RELEASES:
@@ -477,23 +482,27 @@ class Sandbox:
                 if not path.startswith("/") or "," in path or not size.rstrip("kmg").isdigit():
                     raise SandboxError(f"tmpfs {path}={size}: use an absolute path and a size like 64m")
         current = self.hosts()
-        wanted = [(p, login, os_name, tmpfs.get(n, {}), services) for p, n in zip(profiles, names, strict=True)]
-        if [(h.profile, h.login, h.os, h.tmpfs, h.services) for h in current] == wanted and self._running(current):
+        wanted = [(p, login, os_name, tmpfs.get(n, {}), services, image) for p, n in zip(profiles, names, strict=True)]
+        if [(h.profile, h.login, h.os, h.tmpfs, h.services, h.image) for h in current] == wanted and self._running(
+            current
+        ):
             return current
         self.down()
-        image = ensure_image(os_name)
+        base = ensure_image(os_name)
         artifacts = fixtures.build_standins()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._make_key()
         if login == "sudo-password":
             self._make_become_password()
         podman("network", "create", self.network)
-        self._start_mirror(image, artifacts.mirror_dir, apt_repo_dir(os_name))
+        self._start_mirror(base, artifacts.mirror_dir, apt_repo_dir(os_name))
         mirror = self._address(self.mirror_container)
         _wait_for_port(mirror, APT_PORT)
         hosts = []
         for name, profile in zip(names, profiles, strict=True):
-            hosts.append(self._start_host(image, name, profile, login, os_name, mirror, tmpfs.get(name, {}), services))
+            host = self._start_host(image or base, name, profile, login, os_name, mirror, tmpfs.get(name, {}), services)
+            host.image = image
+            hosts.append(host)
         self._save_hosts(hosts)
         for host in hosts:
             self.set_profile(host.name, host.profile)

@@ -102,9 +102,9 @@ _sandboxes: dict[str, Sandbox] = {}
 
 @pytest.fixture(scope="session")
 def make_sandbox():
-    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None, services=False) -> a running
-    Sandbox (services: the stand-in service manager answers systemctl on its hosts);
-    removed at the end of the session."""
+    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None, services=False, image="")
+    -> a running Sandbox (services: the stand-in service manager answers systemctl on its hosts; image: its hosts
+    start as copies of a converged host, p40fleet_dev.images.converged_image); removed at the end of the session."""
 
     def make(
         name: str,
@@ -113,9 +113,10 @@ def make_sandbox():
         os_name: str = DEFAULT_OS,
         tmpfs: dict[str, dict[str, str]] | None = None,
         services: bool = False,
+        image: str = "",
     ) -> Sandbox:
         sandbox = Sandbox(sandbox_name(name))
-        sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services)
+        sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services, image=image)
         _sandboxes[sandbox.name] = sandbox
         return sandbox
 

@@ -1,0 +1,70 @@
+"""The converged images' keys (p40fleet_dev.images): a key changes with whatever the converge depends on, so a
+test never starts from an image of other roles, stand-ins or variant. Building and using the images is shown by
+the modules that start from them (test_ray_cluster.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from p40fleet_dev import images
+
+BASE = {"profile": "p40", "login": "sudo", "os_name": "debian12", "tags": None, "extra_vars": None}
+
+
+def key(**changes):
+    return images.image_key(**{**BASE, **changes})
+
+
+def test_the_same_variant_gets_the_same_key():
+    assert key() == key()
+    assert key()[0] == "p40-sudo-debian12-all"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"profile": "p40x2"},
+        {"login": "root"},
+        {"os_name": "debian11"},
+        {"tags": "host_prereqs,conda_env"},
+        {"extra_vars": {"verl_install_vllm": False}},
+    ],
+    ids=lambda change: next(iter(change)),
+)
+def test_each_part_of_the_variant_changes_the_name_and_the_key(change):
+    variant, digest = key(**change)
+    assert variant != key()[0]
+    assert digest != key()[1]
+
+
+def test_the_variant_is_a_valid_image_tag_however_long_the_tags():
+    variant, _ = key(tags="host_prereqs,conda_env,pytorch,apex,verl,verl_patches,training_data,launch_script")
+    assert re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", variant), variant
+    assert key(tags="a,b")[0] == "p40-sudo-debian12-a_b"
+
+
+def test_the_key_follows_every_file_the_converge_reads(monkeypatch):
+    before = key()[1]
+    monkeypatch.setattr(images, "tree_digest", lambda paths: "another tree")
+    assert key()[1] != before
+    monkeypatch.undo()
+    monkeypatch.setattr(images.fixtures, "standins_hash", lambda: "other stand-ins")
+    assert key()[1] != before
+
+
+def test_the_tree_digest_sees_names_and_contents(tmp_path):
+    (tmp_path / "roles" / "a").mkdir(parents=True)
+    (tmp_path / "roles" / "a" / "main.yml").write_text("one\n")
+    (tmp_path / "site.yml").write_text("---\n")
+    first = images.tree_digest(["roles", "site.yml"], base=tmp_path)
+    (tmp_path / "roles" / "a" / "main.yml").write_text("two\n")
+    second = images.tree_digest(["roles", "site.yml"], base=tmp_path)
+    (tmp_path / "roles" / "a" / "main.yml").rename(tmp_path / "roles" / "a" / "other.yml")
+    third = images.tree_digest(["roles", "site.yml"], base=tmp_path)
+    # Bytecode is not a source: a cache written by a run leaves the key alone.
+    (tmp_path / "roles" / "a" / "__pycache__").mkdir()
+    (tmp_path / "roles" / "a" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    assert len({first, second, third}) == 3
+    assert images.tree_digest(["roles", "site.yml"], base=tmp_path) == third
