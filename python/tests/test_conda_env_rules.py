@@ -2,7 +2,7 @@
 (filter_plugins/conda_env.py).
 
 The findings are the key=value lines of the role's two probes, as strings; each situation is paired with its
-decisions. The sandbox tests (molecule python_stack, the fault suite's case 1) prove the wiring on hosts.
+decisions. The sandbox tests (test_python_stack.py, the fault suite's case 1) prove the wiring on hosts.
 """
 
 from __future__ import annotations
