@@ -173,12 +173,23 @@ def _builders() -> list[Path]:
     return sorted(p for p in BUILDERS_DIR.glob("*.py") if not p.name.startswith("_"))
 
 
-def standins_hash() -> str:
+def tree_digest(paths, base: Path = REPO_ROOT) -> str:
+    """A digest of the files at `paths` (files or trees, relative to `base`), by name and content."""
     digest = hashlib.sha256()
-    builders = BUILDERS_DIR
-    for path in sorted(p for p in builders.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(builders)).encode())
-        digest.update(path.read_bytes())
+    for entry in paths:
+        root = base / entry
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(base)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def standins_hash() -> str:
+    """The stand-ins' cache key: their builders, the upstream files they are built from, the sandbox's verl lock."""
+    digest = hashlib.sha256(tree_digest(["."], base=BUILDERS_DIR).encode())
     for kind, requirement in upstream_requirements():
         digest.update(f"{kind} {requirement}\n".encode())
     digest.update(sandbox_verl_lock().read_bytes())

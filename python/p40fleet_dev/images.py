@@ -26,10 +26,10 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
 from p40fleet.run import run_playbook
 from p40fleet_dev import fixtures
+from p40fleet_dev.fixtures import tree_digest
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR, STANDINS_DIR
 from p40fleet_dev.sandbox import (
     DEFAULT_LOGIN,
@@ -53,20 +53,6 @@ INPUTS = (
     str(STANDINS_DIR.relative_to(REPO_ROOT)),
 )
 LOCK_DIR = RUNS_DIR / "images"
-
-
-def tree_digest(paths, base: Path = REPO_ROOT) -> str:
-    """A digest of the files at `paths` (files or trees, relative to `base`), by name and content."""
-    digest = hashlib.sha256()
-    for entry in paths:
-        root = base / entry
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            if "__pycache__" in path.parts or path.suffix == ".pyc":
-                continue
-            digest.update(str(path.relative_to(base)).encode() + b"\0")
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def image_key(profile: str, login: str, os_name: str, tags: str | None, extra_vars: Mapping | None) -> tuple[str, str]:
