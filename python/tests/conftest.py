@@ -12,7 +12,7 @@ import pytest
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
-from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox
+from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, remove_sandboxes
 from tests.faults import table as fault_table
 from tests.pins import CUDA_HOME
 from tests.workers import sandbox_name
@@ -121,8 +121,7 @@ def make_sandbox():
         return sandbox
 
     yield make
-    for sandbox in _sandboxes.values():
-        sandbox.down()
+    remove_sandboxes(list(_sandboxes.values()))
     _sandboxes.clear()
 
 
