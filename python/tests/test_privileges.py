@@ -1,8 +1,9 @@
-"""Privilege boundaries of the whole pipeline (issue 9), on one-host sandboxes running site.yml.
+"""Privilege boundaries of the whole pipeline (issue 9), on a one-host sandbox running site.yml.
 
 Real fleets log in as an ordinary user with sudo: site.yml must converge and be idempotent that way and
-with root login. Password-less sudo is what the other sandbox tests and the demo use; here the ordinary
-user must type a sudo password (given as a file, as `p40fleet run --become-password-file` does).
+with root login (root login: test_checklist.py, whose fleet logs in as root). Password-less sudo is what the
+other sandbox tests and the demo use; here the ordinary user must type a sudo password (given as a file, as
+`p40fleet run --become-password-file` does).
 Root must never run code the env owner can write: a `.pth` file and a `sitecustomize.py`
 planted in the env's site-packages by the owner run whenever the env's Python starts, and each leaves a
 marker naming the uid it ran as. A re-run of every stage that touches the env may leave the owner's
@@ -23,6 +24,7 @@ from p40fleet_dev.sandbox import Sandbox
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 PLAYBOOK = "site.yml"
+LOGIN = "sudo-password"
 HOST = "node1"
 OWNER = "p40fleet"
 ENV = "/opt/miniconda3/envs/verl-env"
@@ -49,13 +51,15 @@ def owner_sh(fleet: Sandbox, command: str) -> str:
     return result.stdout.strip()
 
 
-@pytest.fixture(scope="module", params=["sudo-password", "root"])
-def converged(request, make_sandbox, run_playbook, tmp_path_factory):
-    """A one-host P40 sandbox logging in as `request.param`, converged by site.yml twice."""
-    fleet = make_sandbox(f"privileges-{request.param}", ["p40"], login=request.param)
-    cache = tmp_path_factory.mktemp(f"apex-cache-{request.param}")
-
-    password = fleet.become_password_file if request.param == "sudo-password" else None
+@pytest.fixture(scope="module")
+def converged(make_sandbox, run_playbook, tmp_path_factory):
+    """A one-host P40 sandbox logging in as an ordinary user with a sudo password, converged by site.yml twice.
+    (It converged a second fleet logging in as root too: the owner's plants below catch a task that runs the
+    env's Python as root or as the login user under either login, and root login's converge and re-run are
+    test_checklist.py's, so one fleet serves.)"""
+    fleet = make_sandbox("privileges", ["p40"], login=LOGIN)
+    cache = tmp_path_factory.mktemp("apex-cache")
+    password = fleet.become_password_file
 
     def play(**kwargs):
         extra = {"apex_controller_cache_dir": str(cache), **kwargs.pop("extra_vars", {})}
@@ -63,20 +67,21 @@ def converged(request, make_sandbox, run_playbook, tmp_path_factory):
 
     first = play()
     second = play()
-    return request.param, fleet, play, first, second
+    return LOGIN, fleet, play, first, second
 
 
 def test_site_converges_and_a_rerun_changes_nothing(converged):
-    login, fleet, _, first, second = converged
+    _, fleet, _, first, second = converged
     assert fleet.exec(HOST, "id -un", user="root").returncode == 0
     assert first.rc == 0, failures(first)
     assert first.stats[HOST]["changed"] > 0
     assert second.rc == 0, failures(second)
-    assert second.stats[HOST]["changed"] == 0, (login, second.stdout[-3000:])
+    assert second.stats[HOST]["changed"] == 0, second.stdout[-3000:]
 
 
 def test_code_the_env_owner_plants_never_runs_as_root(converged):
-    # With root login every task not told to become the owner runs as root: the stricter of the two.
+    # A task that runs the env's Python without becoming its owner runs it as root (become) or as the login user:
+    # the markers must name the owner alone (under root login, both would be root).
     _, fleet, play, _, _ = converged
     # Where the env's packages really are: beside torch.
     site_packages = owner_sh(
@@ -128,7 +133,7 @@ def test_code_the_env_owner_plants_never_runs_as_root(converged):
 # --- Issue 20: the env owner cannot become root ------------------------------------------------------------
 # Each attack is what the env owner (or another account) can do on a converged host; the next run must refuse,
 # naming the host, the path and what it found, and leave every system file's owner and content as they were.
-# They reuse the converged fleet above; `-k sudo-password` runs them on one fleet.
+# They reuse the converged fleet above.
 
 SYSTEM_FILES = ["/etc/hostname", "/usr/local/sbin", "/etc/sudoers.d", "/etc/passwd", "/var/lib/p40fleet"]
 SECRET = "wandb-s3cr3t-issue20"
@@ -142,15 +147,9 @@ def system_state(fleet: Sandbox) -> str:
     ).stdout
 
 
-def only_sudo_password(login: str) -> None:
-    if login != "sudo-password":
-        pytest.skip("the attacks need one converged fleet: they run on the sudo-password one")
-
-
 def test_the_owner_cannot_swap_a_directory_root_made_for_a_link(converged):
     # The issue's first attack: /opt/p40fleet/data/gsm8k replaced by a link to /usr/local/sbin, then a re-run.
-    login, fleet, _, _, _ = converged
-    only_sudo_password(login)
+    _, fleet, _, _, _ = converged
     owners = fleet.exec(HOST, "stat -c '%n %U %a' /opt/p40fleet /opt/p40fleet/data /opt/p40fleet/models", "root")
     assert owners.stdout.split("\n")[:3] == [
         "/opt/p40fleet root 755",
@@ -194,8 +193,7 @@ ATTACKS = {
 
 @pytest.mark.parametrize("stage", list(ATTACKS))
 def test_a_link_the_owner_plants_where_root_writes_is_refused(converged, stage):
-    login, fleet, play, _, _ = converged
-    only_sudo_password(login)
+    _, fleet, play, _, _ = converged
     plant, path, target = ATTACKS[stage]
     before = system_state(fleet)
     owner_sh(fleet, plant)
@@ -216,8 +214,7 @@ def test_a_link_the_owner_plants_where_root_writes_is_refused(converged, stage):
 
 
 def test_a_staging_directory_another_account_made_first_is_refused_before_cudnn_unpacks(converged):
-    login, fleet, play, _, _ = converged
-    only_sudo_password(login)
+    _, fleet, play, _, _ = converged
     before = system_state(fleet)
     # Another account made /var/tmp/p40fleet first (it is everyone's /var/tmp); cuDNN must be unpacked again.
     fleet.exec(
@@ -243,8 +240,7 @@ def test_a_staging_directory_another_account_made_first_is_refused_before_cudnn_
 
 
 def test_a_fifo_and_a_directory_link_among_the_markers_neither_hang_nor_mislead_the_probe(converged, run_playbook):
-    login, fleet, _, _, _ = converged
-    only_sudo_password(login)
+    _, fleet, _, _, _ = converged
     site = owner_sh(fleet, f"ls -d {ENV}/lib/python*/site-packages")
     vision = owner_sh(fleet, f"ls -d {site}/torchvision-*.dist-info")
     fleet.exec(HOST, "mkdir -p /root/p40fleet-secret && echo root-only > /root/p40fleet-secret/METADATA", "root")
@@ -279,8 +275,7 @@ def test_a_fifo_and_a_directory_link_among_the_markers_neither_hang_nor_mislead_
 
 
 def test_a_secret_in_the_launch_environment_is_readable_by_the_owner_alone(converged):
-    login, fleet, play, _, _ = converged
-    only_sudo_password(login)
+    _, fleet, play, _, _ = converged
     rerun = play(tags="launch_script", extra_vars={"launch_script_environment": {"WANDB_API_KEY": SECRET}})
     assert rerun.rc == 0, failures(rerun)
     assert SECRET not in rerun.stdout
@@ -301,8 +296,7 @@ def test_a_secret_in_the_launch_environment_is_readable_by_the_owner_alone(conve
 def test_a_token_file_a_killed_download_left_is_found_and_removed(converged):
     # What a run killed between the model download and the token cleanup leaves: the 0600 token file. (The kill
     # itself is not reproduced here: its leftover is, the way the role writes it.)
-    login, fleet, play, _, _ = converged
-    only_sudo_password(login)
+    _, fleet, play, _, _ = converged
     token = f"/opt/p40fleet/.hf-token-{OWNER}"
     fleet.exec(HOST, f"echo hf_leftover > {token} && chown {OWNER} {token} && chmod 600 {token}", "root")
     rerun = play()

@@ -1,4 +1,5 @@
-"""The Python stack (conda_env, pytorch, apex, verl) on a sandbox fleet of three P40 hosts.
+"""The Python stack (conda_env, pytorch, apex, verl) on a sandbox fleet of two P40 hosts (one builds Apex, the
+other installs the same wheel: a third would show nothing the second does not, at a converge's cost).
 
 One sandbox, converged once; the tests then assert the hosts' real state through `podman exec`, and the
 last ones break things on purpose (a pip install failing midway, an env of another Python) and check that
@@ -22,7 +23,7 @@ from tests.pins import CUDA_HOME
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 PLAYBOOK = "python/tests/playbooks/python_stack.yml"
-HOSTS = ("node1", "node2", "node3")
+HOSTS = ("node1", "node2")
 ENV = "/opt/miniconda3/envs/verl-env"
 PY = f"{ENV}/bin/python"
 OWNER = "p40fleet"
@@ -36,7 +37,7 @@ BUILD_TOOLS = dict(line.split(" ", 1)[0].split("==") for line in APEX_DEFAULTS["
 
 @pytest.fixture(scope="module")
 def fleet(make_sandbox):
-    return make_sandbox("python-stack", ["p40", "p40", "p40"], login="sudo")
+    return make_sandbox("python-stack", ["p40", "p40"], login="sudo")
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,7 @@ def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged
     builds = {h: sh(fleet, h, f"cat {EXTENSION_BUILDS}", user="root") for h in HOSTS}
     # Exactly one build in the whole fleet, on the first host, even after the second run.
     assert len(builds["node1"].stdout.splitlines()) == 1
-    assert builds["node2"].returncode != 0 and builds["node3"].returncode != 0
+    assert builds["node2"].returncode != 0
     build = json.loads(builds["node1"].stdout)
     # The real setup.py of the pinned commit, asked with --cpp_ext --cuda_ext, built every extension, with ninja.
     assert build["extensions"] == APEX_MODULES
@@ -282,33 +283,33 @@ def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):
 
 
 def test_pip_install_failing_midway_is_redone_next_run(converged, fleet, play, sandbox_vars):
-    removed = sh(fleet, "node3", f"{PY} -m pip uninstall -y torch torchvision torchaudio")
+    removed = sh(fleet, "node2", f"{PY} -m pip uninstall -y torch torchvision torchaudio")
     assert removed.returncode == 0, removed.stderr
     broken = sandbox_vars["p40fleet_sandbox_mirror_url"] + "/torch_wheels_broken/"
     # The broken index comes with its own lock (the broken torchaudio's sha256): pip gets past the hash check.
     broken_lock = sandbox_vars["p40fleet_sandbox_mirror_dir"] + "/locks/torch-sandbox-broken.lock.txt"
     failed = play(
-        limit="node3", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken], "pytorch_lock_file": broken_lock}
+        limit="node2", tags=UP_TO_TORCH, extra_vars={"pytorch_find_links": [broken], "pytorch_lock_file": broken_lock}
     )
     assert failed.rc != 0
-    assert [f.task for f in failed.host_failures("node3")] == [
+    assert [f.task for f in failed.host_failures("node2")] == [
         "Ensure the torch builds and their dependencies are installed from the hash-pinned lock"
     ]
     # Midway: pip installs the lock's packages one by one (--no-deps: in an order of its own); the broken
     # torchaudio went in and left a file where torch's package goes, so torch did not.
     installed = [
-        d for d in ("torch", "torchvision", "torchaudio") if sh(fleet, "node3", f"{PY} -m pip show {d}").returncode == 0
+        d for d in ("torch", "torchvision", "torchaudio") if sh(fleet, "node2", f"{PY} -m pip show {d}").returncode == 0
     ]
     assert installed == ["torchvision", "torchaudio"], installed
-    redone = play(limit="node3", tags=UP_TO_TORCH)
+    redone = play(limit="node2", tags=UP_TO_TORCH)
     assert redone.rc == 0, [f"{f.task}: {f.message}" for f in redone.failures]
-    assert redone.stats["node3"]["changed"] > 0
+    assert redone.stats["node2"]["changed"] > 0
     versions = sh(
         fleet,
-        "node3",
+        "node2",
         f"{PY} -c 'import torch, torchvision, torchaudio as a; "
         "print(torch.__version__, torchvision.__version__, a.__version__)'",
     )
     assert versions.stdout.split() == ["2.6.0+cu118", "0.21.0+cu118", "2.6.0+cu118"]
-    again = play(limit="node3", tags=UP_TO_TORCH)
-    assert again.rc == 0 and again.stats["node3"]["changed"] == 0
+    again = play(limit="node2", tags=UP_TO_TORCH)
+    assert again.rc == 0 and again.stats["node2"]["changed"] == 0
