@@ -67,11 +67,11 @@ def converged(make_sandbox, run_playbook, tmp_path_factory):
 
     first = play()
     second = play()
-    return LOGIN, fleet, play, first, second
+    return fleet, play, first, second
 
 
 def test_site_converges_and_a_rerun_changes_nothing(converged):
-    _, fleet, _, first, second = converged
+    fleet, _, first, second = converged
     assert fleet.exec(HOST, "id -un", user="root").returncode == 0
     assert first.rc == 0, failures(first)
     assert first.stats[HOST]["changed"] > 0
@@ -82,7 +82,7 @@ def test_site_converges_and_a_rerun_changes_nothing(converged):
 def test_code_the_env_owner_plants_never_runs_as_root(converged):
     # A task that runs the env's Python without becoming its owner runs it as root (become) or as the login user:
     # the markers must name the owner alone (under root login, both would be root).
-    _, fleet, play, _, _ = converged
+    fleet, play, _, _ = converged
     # Where the env's packages really are: beside torch.
     site_packages = owner_sh(
         fleet, f"{PY} -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))'"
@@ -149,7 +149,7 @@ def system_state(fleet: Sandbox) -> str:
 
 def test_the_owner_cannot_swap_a_directory_root_made_for_a_link(converged):
     # The first attack: /opt/p40fleet/data/gsm8k replaced by a link to /usr/local/sbin, then a re-run.
-    _, fleet, _, _, _ = converged
+    fleet, _, _, _ = converged
     owners = fleet.exec(HOST, "stat -c '%n %U %a' /opt/p40fleet /opt/p40fleet/data /opt/p40fleet/models", "root")
     assert owners.stdout.split("\n")[:3] == [
         "/opt/p40fleet root 755",
@@ -193,7 +193,7 @@ ATTACKS = {
 
 @pytest.mark.parametrize("stage", list(ATTACKS))
 def test_a_link_the_owner_plants_where_root_writes_is_refused(converged, stage):
-    _, fleet, play, _, _ = converged
+    fleet, play, _, _ = converged
     plant, path, target = ATTACKS[stage]
     before = system_state(fleet)
     owner_sh(fleet, plant)
@@ -214,7 +214,7 @@ def test_a_link_the_owner_plants_where_root_writes_is_refused(converged, stage):
 
 
 def test_a_staging_directory_another_account_made_first_is_refused_before_cudnn_unpacks(converged):
-    _, fleet, play, _, _ = converged
+    fleet, play, _, _ = converged
     before = system_state(fleet)
     # Another account made /var/tmp/p40fleet first (it is everyone's /var/tmp); cuDNN must be unpacked again.
     fleet.exec(
@@ -240,7 +240,7 @@ def test_a_staging_directory_another_account_made_first_is_refused_before_cudnn_
 
 
 def test_a_fifo_and_a_directory_link_among_the_markers_neither_hang_nor_mislead_the_probe(converged, run_playbook):
-    _, fleet, _, _, _ = converged
+    fleet, _, _, _ = converged
     site = owner_sh(fleet, f"ls -d {ENV}/lib/python*/site-packages")
     vision = owner_sh(fleet, f"ls -d {site}/torchvision-*.dist-info")
     fleet.exec(HOST, "mkdir -p /root/p40fleet-secret && echo root-only > /root/p40fleet-secret/METADATA", "root")
@@ -275,7 +275,7 @@ def test_a_fifo_and_a_directory_link_among_the_markers_neither_hang_nor_mislead_
 
 
 def test_a_secret_in_the_launch_environment_is_readable_by_the_owner_alone(converged):
-    _, fleet, play, _, _ = converged
+    fleet, play, _, _ = converged
     rerun = play(tags="launch_script", extra_vars={"launch_script_environment": {"WANDB_API_KEY": SECRET}})
     assert rerun.rc == 0, failures(rerun)
     assert SECRET not in rerun.stdout
@@ -296,7 +296,7 @@ def test_a_secret_in_the_launch_environment_is_readable_by_the_owner_alone(conve
 def test_a_token_file_a_killed_download_left_is_found_and_removed(converged):
     # What a run killed between the model download and the token cleanup leaves: the 0600 token file. (The kill
     # itself is not reproduced here: its leftover is, the way the role writes it.)
-    _, fleet, play, _, _ = converged
+    fleet, play, _, _ = converged
     token = f"/opt/p40fleet/.hf-token-{OWNER}"
     fleet.exec(HOST, f"echo hf_leftover > {token} && chown {OWNER} {token} && chmod 600 {token}", "root")
     rerun = play()
