@@ -1,14 +1,13 @@
-"""playbooks/verify.yml (the fleet checklist) on hosts the pipeline really converged.
-
-node1 is an A100 (profile modern: verl needs no patches, so none are recorded); node2 is a P40 whose
-/usr/local/cuda already pointed at /usr/local/cuda-11.8 before the run, a valid host the cuda_toolkit
-role leaves as it found it. The checklist must pass on both, and still catch a broken stage.
-
-The fleet logs in as root, the login issue 9 asks site.yml to converge and re-run unchanged with besides an
-ordinary user with sudo (test_privileges.py, with a sudo password; the other fleets, without).
+"""playbooks/verify.yml (the fleet checklist) on hosts the pipeline really converged: conftest's site_fleet, one
+P40 and one 2x P40 host logging in as root, node2's /usr/local/cuda already pointing at /usr/local/cuda-11.8
+before the first run (a valid host the cuda_toolkit role leaves as it found it). The checklist must pass on
+both, take a profile that needs no patches (an A100's) as needing no record, and still catch a broken stage.
 """
 
 from __future__ import annotations
+
+import base64
+import json
 
 import pytest
 import yaml
@@ -16,23 +15,18 @@ import yaml
 from tests.host_state import sh
 from tests.pins import CUDA_HOME
 
-# converge: the module's fixture takes fresh hosts through the pipeline (minutes).
+# converge: site_fleet takes fresh hosts through the pipeline (minutes).
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 CHECKLIST = "playbooks/verify.yml"
-# The sandbox serves no vLLM wheel (the modern profile would install one): this checklist is not about it.
-NO_VLLM = {"verl_install_vllm": False}
+PREFLIGHT_STATE = "/etc/ansible/facts.d/p40fleet_preflight.fact"
+RECORD = "/var/lib/p40fleet/verl_patches/applied.json"
 
 
 @pytest.fixture(scope="module")
-def converged(make_sandbox, run_playbook):
-    fleet = make_sandbox("checklist", ["a100", "p40"], login="root")
-    linked = fleet.exec("node2", f"ln -sfn {CUDA_HOME} /usr/local/cuda")
-    assert linked.returncode == 0, linked.stderr
-    fleet.first = run_playbook("site.yml", fleet.inventory_dir, extra_vars=NO_VLLM)
-    assert fleet.first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in fleet.first.failures]
-    fleet.second = run_playbook("site.yml", fleet.inventory_dir, extra_vars=NO_VLLM)
-    return fleet
+def converged(site_fleet):
+    assert site_fleet.first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in site_fleet.first.failures]
+    return site_fleet
 
 
 def test_site_converges_with_root_login_and_a_rerun_changes_nothing(converged):
@@ -44,10 +38,10 @@ def test_site_converges_with_root_login_and_a_rerun_changes_nothing(converged):
     assert {h: s["changed"] for h, s in converged.second.stats.items()} == {"node1": 0, "node2": 0}
 
 
-def test_checklist_passes_on_a_modern_host_and_on_a_host_whose_cuda_link_was_already_11_8(converged, run_playbook):
+def test_checklist_passes_on_converged_hosts_one_of_whose_cuda_link_was_already_11_8(converged, run_playbook):
     assert sh(converged, "node2", "readlink /usr/local/cuda") == CUDA_HOME
-    assert sh(converged, "node1", "test ! -e /var/lib/p40fleet/verl_patches/applied.json && echo none") == "none"
-    result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars=NO_VLLM)
+    assert sh(converged, "node1", "test ! -e /usr/local/cuda && echo none") == "none"
+    result = run_playbook(CHECKLIST, converged.inventory_dir)
     assert result.rc == 0, [f"{f.host}: {f.message}" for f in result.failures]
     assert {h: (s["ok"], s["failures"], s["changed"]) for h, s in result.stats.items()} == {
         "node1": (3, 0, 0),
@@ -55,23 +49,42 @@ def test_checklist_passes_on_a_modern_host_and_on_a_host_whose_cuda_link_was_alr
     }
 
 
+def test_a_profile_that_needs_no_patches_passes_without_a_record_and_fails_with_one(converged, run_playbook):
+    # What preflight saves on an A100 (profile modern: verl runs as shipped, so verl_patches records nothing),
+    # written over node1's saved state; the checklist reads the profile from there, as on a real modern host.
+    saved = json.loads(sh(converged, "node1", f"cat {PREFLIGHT_STATE}"))
+    assert saved["profile"]["needs_patches"] is True
+    modern = {**saved, "profile": {**saved["profile"], "name": "modern", "needs_patches": False}}
+    sh(converged, "node1", f"cp -p {PREFLIGHT_STATE} {PREFLIGHT_STATE}.away")
+    try:
+        written = base64.b64encode(json.dumps(modern).encode()).decode()
+        sh(converged, "node1", f"echo {written} | base64 -d > {PREFLIGHT_STATE}")
+        with_record = run_playbook(CHECKLIST, converged.inventory_dir, limit="node1")
+        sh(converged, "node1", f"mv {RECORD} {RECORD}.away")
+        try:
+            without = run_playbook(CHECKLIST, converged.inventory_dir, limit="node1")
+        finally:
+            sh(converged, "node1", f"mv {RECORD}.away {RECORD}")
+    finally:
+        sh(converged, "node1", f"mv {PREFLIGHT_STATE}.away {PREFLIGHT_STATE}")
+    assert without.rc == 0, [f"{f.host}: {f.message}" for f in without.failures]
+    assert [f.host for f in with_record.failures] == ["node1"]
+    assert "'patches': 'none'" in with_record.failures[0].message
+
+
 def test_checklist_reads_its_expectations_from_the_role_variables(converged, run_playbook):
     # The same hosts against another pinned torch: the checklist must notice.
-    result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars={**NO_VLLM, "pytorch_torch_version": "2.7.0"})
+    result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars={"pytorch_torch_version": "2.7.0"})
     assert {f.host for f in result.failures} == {"node1", "node2"}
     assert "'stack': ['2.7.0+cu118', '11.8', '/opt/p40fleet/verl/verl']" in result.failures[0].message
 
 
 def test_checklist_catches_a_missing_patch_record_on_a_host_that_needs_one(converged, run_playbook):
-    moved = converged.exec(
-        "node2", "mv /var/lib/p40fleet/verl_patches/applied.json /var/lib/p40fleet/verl_patches/applied.json.away"
-    )
+    moved = converged.exec("node2", f"mv {RECORD} {RECORD}.away")
     assert moved.returncode == 0, moved.stderr
     try:
-        result = run_playbook(CHECKLIST, converged.inventory_dir, extra_vars=NO_VLLM)
+        result = run_playbook(CHECKLIST, converged.inventory_dir)
     finally:
-        converged.exec(
-            "node2", "mv /var/lib/p40fleet/verl_patches/applied.json.away /var/lib/p40fleet/verl_patches/applied.json"
-        )
+        converged.exec("node2", f"mv {RECORD}.away {RECORD}")
     assert {f.host for f in result.failures} == {"node2"}
     assert "expected {" in result.failures[0].message and "'patches': 'a record'" in result.failures[0].message
