@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 
 import pytest
@@ -26,7 +27,6 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 OWNER = "p40fleet"
 # Ray comes with verl's lock: the stages up to verl.
 STAGES = "host_prereqs,conda_env,pytorch,verl"
-RAY = "/opt/miniconda3/envs/verl-env/bin/ray"
 # What Ray needs on a 2-core machine shared by four hosts: a small object store (the containers' /dev/shm is
 # 64 MB; Ray then uses /tmp) and patience while four nodes start.
 SANDBOX_VARS = "---\nray_cluster_object_store_memory: 100000000\nray_cluster_ready_timeout: 240\n"
@@ -60,17 +60,26 @@ def main_pid(fleet, host):
     return fleet.exec(host, "systemctl show -p MainPID --value p40fleet-ray").stdout.strip()
 
 
+# What `ray list nodes` asks the head's state API (ray.util.state.api's list over /api/v0/nodes), asked with the
+# host's own Python: the ray CLI imports Ray at each call, seconds of CPU a poll on the 2-core build machine.
+STATE_API_NODES = (
+    "import re, sys, urllib.request; "
+    "head = re.search(r'HEAD_ADDRESS=([0-9.]+)', open('/etc/p40fleet/ray/ray.env').read()).group(1); "
+    "answer = urllib.request.urlopen(f'http://{head}:8265/api/v0/nodes?limit=1000', timeout=30); "
+    "sys.stdout.write(answer.read().decode())"
+)
+
+
 def alive_nodes(fleet):
     """{node name: GPUs} of the alive nodes, from Ray's state API on the head, as the env owner."""
-    listing = fleet.exec(
-        "node1",
-        f"{RAY} list nodes --format=json --limit=1000 --address=http://$(grep -oP '(?<=HEAD_ADDRESS=)[0-9.]+' "
-        f"/etc/p40fleet/ray/ray.env):8265",
-        user=OWNER,
-    )
+    listing = fleet.exec("node1", f"/usr/bin/python3 -I -c {shlex.quote(STATE_API_NODES)}", user=OWNER)
     assert listing.returncode == 0, listing.stderr
+    answer = json.loads(listing.stdout)
+    assert answer["result"] is True, answer["msg"]
     return {
-        n["node_name"]: n["resources_total"].get("GPU", 0) for n in json.loads(listing.stdout) if n["state"] == "ALIVE"
+        n["node_name"]: n["resources_total"].get("GPU", 0)
+        for n in answer["data"]["result"]["result"]
+        if n["state"] == "ALIVE"
     }
 
 
@@ -96,7 +105,7 @@ def wait_for(fleet, expected, timeout=180):
             found = None
         if found == expected or time.monotonic() > deadline:
             return found
-        time.sleep(3)
+        time.sleep(2)
 
 
 def test_three_hosts_form_a_cluster(fleet):
