@@ -44,7 +44,7 @@ HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
         {CONDA_TMPFS: "1200m"},
         # The env's own 1.2 GB filesystem, which case 12 fills: preflight's 20 GiB rule for it is waived here.
         {"gpu_preflight_disk_checks": sandbox_disk_checks(conda_env_install_prefix=0)},
-        "converged by site.yml: cases 1, 7, 8, 10, 12",
+        "converged by site.yml: cases 1, 7, 8, 10, 12 and test_privileges.py",
     ),
     "node2": ("p40-driver-too-old", {}, {}, "case 4: driver too old"),
     "node3": ("p40-driver-r590", {}, {}, "case 4: a branch past R580"),
