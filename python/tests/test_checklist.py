@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from tests.host_state import sh
-from tests.pins import CUDA_HOME
+from tests.pins import CUDA_HOME, role_defaults
 
 # converge: site_fleet takes fresh hosts through the pipeline (minutes).
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
 CHECKLIST = "playbooks/verify.yml"
-PREFLIGHT_STATE = "/etc/ansible/facts.d/p40fleet_preflight.fact"
-RECORD = "/var/lib/p40fleet/verl_patches/applied.json"
+PREFLIGHT_STATE = role_defaults("gpu_preflight")["gpu_preflight_state_file"]
+RECORD = role_defaults("verl_patches")["verl_patches_state_dir"] + "/applied.json"
 
 
 @pytest.fixture(scope="module")

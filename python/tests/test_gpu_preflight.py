@@ -237,6 +237,12 @@ def saved_state(sandbox, host: str) -> dict | None:
     return json.loads(read.stdout) if read.returncode == 0 else None
 
 
+def make_fresh(sandbox, host: str) -> None:
+    """No saved preflight state on the host, and a marker that dates what the next run writes."""
+    done = sandbox.exec(host, "rm -rf /etc/ansible && touch /tmp/p40fleet-marker")
+    assert done.returncode == 0, f"{host}: {done.stderr}"
+
+
 def written_since_marker(sandbox, host: str) -> list[str]:
     found = sandbox.exec(
         host, "find / -xdev -newer /tmp/p40fleet-marker -not -path '/proc/*' -not -path '/sys/*' -print"
@@ -278,7 +284,7 @@ def fleet(make_sandbox, tmp_path_factory):
         assert done.returncode == 0, done.stderr
     for host in FLEET:
         # A sandbox kept from an interrupted session may carry saved state: start clean.
-        sandbox.exec(host, "rm -rf /etc/ansible && touch /tmp/p40fleet-marker")
+        make_fresh(sandbox, host)
     play_dir: Path = tmp_path_factory.mktemp("gpu_preflight")
     write_preflight_playbook(play_dir / "preflight.yml")
     (play_dir / "host_vars").mkdir()
@@ -435,7 +441,7 @@ def test_preflight_works_for_an_ordinary_login_user_with_sudo(fleet, run_playboo
         yaml.safe_load((sandbox.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())["ansible_user"] == "ops"
     )
     for host in (fit, refused):
-        sandbox.exec(host, "rm -rf /etc/ansible && touch /tmp/p40fleet-marker")
+        make_fresh(sandbox, host)
     first = run_playbook(fleet.playbook, sandbox.inventory_dir, limit=f"{fit},{refused}")
     assert (first.stats[fit]["failures"], first.stats[fit]["changed"]) == (0, 2), first.host_failures(fit)
     assert "required: branch <= R580" in first.host_failures(refused)[0].message

@@ -222,12 +222,25 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
     return FirstConverge(code, console.getvalue(), report, run_dirs, sampler, token, password, hub)
 
 
-@pytest.fixture
-def converged_node1(fleet, first_converge) -> Fleet:
-    """node1 converged. A case that leaves it otherwise calls fleet.converge("node1") at its end; if it failed
-    before that, the next case that needs node1 converges it first."""
+def take_node1(fleet: Fleet, first_converge: FirstConverge) -> Fleet:
+    """node1 converged (again, where the case before left it otherwise), and counted dirty from now on: a case that
+    leaves it converged calls fleet.converge("node1") at its end; if it failed before that, the next case that
+    needs node1 converges it first."""
     assert first_converge.code == cli.EXIT_OK, first_converge.console[-4000:]
     if "node1" in fleet.dirty:
         fleet.converge("node1")
     fleet.dirty.add("node1")
-    yield fleet
+    return fleet
+
+
+@pytest.fixture
+def converged_node1(fleet, first_converge) -> Fleet:
+    """node1 converged for one test (take_node1)."""
+    return take_node1(fleet, first_converge)
+
+
+@pytest.fixture(scope="module")
+def module_node1(fleet, first_converge) -> Fleet:
+    """node1 converged for the tests of one module (take_node1), which together leave it as converged_node1's
+    test would."""
+    return take_node1(fleet, first_converge)

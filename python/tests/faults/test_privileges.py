@@ -20,7 +20,6 @@ import threading
 
 import pytest
 
-from p40fleet import cli
 from p40fleet_dev.sandbox import Sandbox
 
 # converge: the fault suite's fixture takes node1 through the pipeline (minutes).
@@ -54,16 +53,13 @@ def owner_sh(fleet: Sandbox, command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def converged(fleet, first_converge):
+def converged(module_node1, first_converge):
     """node1 logging in as an ordinary user with a sudo password (given as a file), converged by its first run
     and by site.yml once more. (Root login is site_fleet's: the owner's plants below catch a task that runs the
-    env's Python as root or as the login user under either login, so one fleet serves.)"""
-    assert first_converge.code == cli.EXIT_OK, first_converge.console[-4000:]
-    if HOST in fleet.dirty:
-        fleet.converge(HOST)
-    # The tests below break node1 on purpose and put back what they broke, yet not every stage's record: the next
-    # case that needs node1 converges it first (converged_node1).
-    fleet.dirty.add(HOST)
+    env's Python as root or as the login user under either login, so one fleet serves.) The tests break node1 on
+    purpose and put back what they broke, yet not every stage's record: it stays counted dirty, so the next case
+    that needs it converges it first."""
+    fleet = module_node1
 
     def play(**kwargs):
         return fleet.play(HOST, **kwargs)
