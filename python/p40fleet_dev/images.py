@@ -14,8 +14,8 @@ is no stage input (docs/design.md, "Stage inputs"). Its first run re-verifies ev
 differs from the one the stack was verified on: always under another host name than the image's (node1), whose
 stand-in GPUs differ, and on every copy of an image that did not go through every stage (no verification record).
 Config that names this sandbox's mirror (the env's pip.conf) is rewritten there. The tests that use an image
-converge nothing from fresh: those whose point is a fresh converge (conftest's site_fleet, test_python_stack,
-test_bundle, the fault suite) build their own hosts.
+converge nothing from fresh: those whose point is a fresh converge (conftest's site_fleet, which test_python_stack
+shares, test_bundle, the fault suite) build their own hosts.
 """
 
 from __future__ import annotations

@@ -173,11 +173,13 @@ def run_playbook():
 @pytest.fixture(scope="session")
 def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
     """One P40 and one 2x P40 host taken through site.yml the way a new user would, shared by the tests of
-    the converged run (test_converged_run.py), of the launch script (test_launch_script.py) and of the fleet
-    checklist (test_checklist.py), since every first converge of the whole pipeline costs minutes:
+    the converged run (test_converged_run.py), of the launch script (test_launch_script.py), of the fleet
+    checklist (test_checklist.py) and of the Python stack's roles (test_python_stack.py, last: it breaks and
+    repairs the stack), since every first converge of the whole pipeline costs minutes:
     .preflight_only (--tags gpu_preflight on the fresh hosts), .dry_run (--check --diff on the fresh hosts),
     .prereqs_only (--tags host_prereqs, then),
-    .first and .second (two real runs), and .play(**run_playbook kwargs) for more.
+    .first and .second (two real runs), .play(**run_playbook kwargs) for more, and .apex_cache (the controller's
+    Apex wheel cache the runs share: node1 builds the wheel, node2 installs it).
     The fleet logs in as root: issue 9 asks site.yml to converge and re-run unchanged with root login as with an
     ordinary user with sudo (test_privileges.py, with a sudo password; test_bundle.py and the role fleets, without).
     node2's /usr/local/cuda already points at the CUDA home before the first run, as on a host someone set up by
@@ -205,6 +207,7 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
         CUDA_HOME,
     ]
     fleet.play = play
+    fleet.apex_cache = cache
     fleet.preflight_only = play(tags="gpu_preflight")
     fleet.after_preflight_only = observe(watched)
     fleet.dry_run = play(check=True, diff=True)
