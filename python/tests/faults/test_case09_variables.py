@@ -220,10 +220,12 @@ def test_strings_from_the_command_line_are_read_as_the_user_meant(fleet, later):
     assert lenient.rc == 0, [f.message for f in lenient.failures]
     assert "WARNING node6: too little disk: /srv/small/p40fleet (CUDA runfile extraction" in lenient.stdout
     fleet.sh("node6", "rm -rf /etc/ansible")  # case 6 wants it as preflight never accepted it
-    # "2" and "30" for numbers: the download's retries and timeout, used in arithmetic and by get_url.
+    # "2" and "30" for numbers: the download's retries and timeout, used in arithmetic and by get_url (the
+    # Miniconda installer's download; of the stages before conda_env, the sandbox's stand-in conda needs the
+    # prerequisites' packages: its envs are venvs).
     numbers = fleet.play(
         LATER,
-        upto="conda_env",
+        stages=("host_prereqs", "conda_env"),
         extra_vars={"artifact_fetch_retries": "2", "artifact_fetch_timeout": "30"},
     )
     assert numbers.rc == 0, [f.message for f in numbers.failures]
