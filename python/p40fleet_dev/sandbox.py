@@ -321,7 +321,9 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
     suite = OS_RELEASES[os_name][0]
     tag = f"{IMAGE_NAME}:{os_name}-{image_recipe_hash(os_name)}"
     repo = apt_repo_dir(os_name)
-    with _locked("sandbox-image"):
+    # One lock per OS: a worker building one release's image (a minute of debootstrap) keeps no other worker from
+    # starting hosts of another.
+    with _locked(f"sandbox-image-{os_name}"):
         image_exists = podman("image", "exists", tag, check=False).returncode == 0
         if image_exists and (repo / "InRelease").exists():
             return tag
