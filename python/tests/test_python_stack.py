@@ -261,15 +261,6 @@ def test_verl_is_installed_editable_at_the_pinned_release(converged, fleet, sand
         assert shim.stdout.strip() == "2.7.4.post1+p40fleet.shim", shim.stderr
 
 
-def test_verify_alone_passes_and_changes_nothing(converged, play):
-    result = play(tags="verify")
-    assert result.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in result.failures]
-    assert {h: result.stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0)
-    # The sandbox inventory narrows verl's checks, visibly: the task name lists them.
-    checks = "editable, compile, hydra_compose, flash_attn_shim, pip_check"
-    assert f"Run verl's post-install checks in the env ({checks})" in result.stdout
-
-
 def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):
     # An installer of that Python (by its release name; the stand-in's bytes and sum stay what is installed).
     asked = {"conda_env_python_version": "3.10", "conda_env_miniconda_version": "py310_standin"}

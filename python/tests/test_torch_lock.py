@@ -169,16 +169,21 @@ def test_rebuilt_wheel_under_a_locked_name_is_refused(standins, tmp_path) -> Non
 
 
 # -- the role on a sandbox host: the lock installs with --require-hashes; another build is refused --------------
+# On conftest's site_fleet (this module runs with its group, after test_python_stack.py): a fresh host of its own
+# would cost the prerequisites and the env on top of the install this test is about.
 
 STACK = REPO_ROOT / "python" / "tests" / "playbooks" / "python_stack.yml"
 UP_TO_TORCH = "gpu_preflight,host_prereqs,conda_env,pytorch"
+HOST = "node2"
 PY = "/opt/miniconda3/envs/verl-env/bin/python"
 INSTALL_TASK = "Ensure the torch builds and their dependencies are installed from the hash-pinned lock"
 
 
 @pytest.fixture(scope="module")
-def torch_fleet(make_sandbox):
-    return make_sandbox("torch-lock", ["p40"])
+def torch_fleet(site_fleet):
+    """conftest's site_fleet, converged (the test takes node2's torch away first, and leaves it installed)."""
+    assert site_fleet.first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in site_fleet.first.failures]
+    return site_fleet
 
 
 def task_results(result, task: str) -> list[dict]:
@@ -206,24 +211,28 @@ def test_role_refuses_a_served_build_that_is_not_the_locked_one_then_installs_th
     tampered = tmp_path / "torch.lock.txt"
     tampered.write_text(lock.read_text().replace(served_sum, torch_wheels.sha256(other)))
 
-    refused = run_playbook(STACK, inventory, tags=UP_TO_TORCH, extra_vars={"pytorch_lock_file": str(tampered)})
+    # A host whose torch is to be installed: site.yml's builds taken away.
+    sh(torch_fleet, HOST, f"sudo -u p40fleet {PY} -m pip uninstall -y torch torchvision torchaudio")
+    refused = run_playbook(
+        STACK, inventory, limit=HOST, tags=UP_TO_TORCH, extra_vars={"pytorch_lock_file": str(tampered)}
+    )
     assert refused.rc != 0
-    assert [f.task for f in refused.host_failures("node1")] == [INSTALL_TASK]
+    assert [f.task for f in refused.host_failures(HOST)] == [INSTALL_TASK]
     assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in refused.stdout
-    assert torch_fleet.exec("node1", f"{PY} -m pip show torch").returncode != 0, "torch installed from a refused set"
+    assert torch_fleet.exec(HOST, f"{PY} -m pip show torch").returncode != 0, "torch installed from a refused set"
 
-    done = run_playbook(STACK, inventory, tags=UP_TO_TORCH)
+    done = run_playbook(STACK, inventory, limit=HOST, tags=UP_TO_TORCH)
     assert done.rc == 0, [f"{f.task}: {f.message}" for f in done.failures]
     (install,) = task_results(done, INSTALL_TASK)
     argv = install["cmd"]
     assert {"--require-hashes", "--no-deps", "--no-index"} <= set(argv), argv
     assert "--extra-index-url" not in argv and "--index-url" not in argv, argv
-    versions = sh(torch_fleet, "node1", f"{PY} -c 'import torch, torchvision, torchaudio as a, numpy, filelock; "
+    versions = sh(torch_fleet, HOST, f"{PY} -c 'import torch, torchvision, torchaudio as a, numpy, filelock; "
                   "print(torch.__version__, torchvision.__version__, a.__version__)'")  # fmt: skip
     assert versions.split() == ["2.6.0+cu118", "0.21.0+cu118", "2.6.0+cu118"]
-    assert "No broken requirements found." in sh(torch_fleet, "node1", f"sudo -u p40fleet {PY} -m pip check")
-    again = run_playbook(STACK, inventory, tags=UP_TO_TORCH)
-    assert again.rc == 0 and again.stats["node1"]["changed"] == 0
+    assert "No broken requirements found." in sh(torch_fleet, HOST, f"sudo -u p40fleet {PY} -m pip check")
+    again = run_playbook(STACK, inventory, limit=HOST, tags=UP_TO_TORCH)
+    assert again.rc == 0 and again.stats[HOST]["changed"] == 0
 
 
 def test_bundle_serves_exactly_the_torch_locks_files(standins, tmp_path):

@@ -134,7 +134,9 @@ def run_tampered(fleet, artifact: Artifact, tampered, extra: dict):
 def needs_the_artifact(fleet, artifact: Artifact) -> None:
     """Put the host where the stage must fetch the artifact: nothing of it installed, the stages before it done."""
     if artifact.name == "cudnn_tarball" and not fleet.exists(HOST, f"{CUDA_HOME}/version.json"):
-        toolkit = fleet.play(HOST, upto="cuda_toolkit")
+        # The toolkit stage alone (it installs its installer's one package itself): the prerequisites stage's apt
+        # transaction is no part of the case.
+        toolkit = fleet.play(HOST, stages=("cuda_toolkit",))
         assert toolkit.rc == 0, [f.message for f in toolkit.failures]
     if artifact.name == "cuda_runfile":
         fleet.sh(HOST, f"rm -rf {CUDA_HOME} /usr/local/cuda /var/lib/p40fleet/cuda_toolkit-*.installing")
