@@ -220,3 +220,11 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
     fleet.first = play()
     fleet.second = play()
     return fleet
+
+
+@pytest.fixture(scope="session")
+def converged_site_fleet(site_fleet):
+    """site_fleet after its first real run, which must have succeeded: for the modules that test on its converged
+    hosts."""
+    assert site_fleet.first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in site_fleet.first.failures]
+    return site_fleet

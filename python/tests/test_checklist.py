@@ -24,9 +24,8 @@ RECORD = role_defaults("verl_patches")["verl_patches_state_dir"] + "/applied.jso
 
 
 @pytest.fixture(scope="module")
-def converged(site_fleet):
-    assert site_fleet.first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in site_fleet.first.failures]
-    return site_fleet
+def converged(converged_site_fleet):
+    return converged_site_fleet
 
 
 def test_site_converges_with_root_login_and_a_rerun_changes_nothing(converged):

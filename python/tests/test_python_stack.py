@@ -38,9 +38,8 @@ BUILD_TOOLS = dict(line.split(" ", 1)[0].split("==") for line in APEX_DEFAULTS["
 
 
 @pytest.fixture(scope="module")
-def fleet(site_fleet):
-    assert site_fleet.first.rc == 0, [f"{f.host}: {f.task}: {f.message}" for f in site_fleet.first.failures]
-    return site_fleet
+def fleet(converged_site_fleet):
+    return converged_site_fleet
 
 
 @pytest.fixture(scope="module")
