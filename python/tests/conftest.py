@@ -13,6 +13,7 @@ from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
 from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, remove_sandboxes
+from tests import unit_costs
 from tests.faults import table as fault_table
 from tests.pins import CUDA_HOME
 from tests.workers import sandbox_name
@@ -22,6 +23,9 @@ PODMAN_MISSING = shutil.which("podman") is None or shutil.which("debootstrap") i
 os.environ["P40FLEET_STATE_DIR"] = str(RUNS_DIR / "pytest-state")
 # Screenshots and pages the tests leave for people to look at.
 TEST_OUTPUT = RUNS_DIR / "test-output"
+# A work unit's worker-seconds until tests/unit_costs.py measures it: a fresh converge of a host, a sandbox fleet's
+# start and a few runs, a container-free module.
+FALLBACK_SECONDS = {"converge": 150.0, "sandbox": 30.0, "unit": 1.0}
 
 
 def _xdist_group(item) -> str | None:
@@ -39,10 +43,11 @@ def _xdist_group(item) -> str | None:
 
 
 def _order_and_group(items) -> None:
-    """Whole modules (or shared-fleet groups) as work units, the costliest first: those converging fleets from
-    fresh hosts (converge), then other sandbox tests, then the container-free ones. Longest first keeps the two
-    workers busy to the end, where collection order left one waiting on the last fleet; within a unit the order
-    is unchanged, so a module's fixtures are set up once."""
+    """Whole modules (or shared-fleet groups) as work units, the costliest first (tests/unit_costs.py's measured
+    worker-seconds; a unit not measured yet by its kind: FALLBACK_SECONDS). xdist hands a worker the next unit when
+    its own is almost done, so longest first (LPT) keeps the two workers busy to the end, where collection order
+    left one waiting on the last fleet; within a unit the order is unchanged, so a module's fixtures are set up
+    once."""
     module_of = {item: item.nodeid.split("::")[0] for item in items}
     unit_of = {item: _xdist_group(item) or module_of[item] for item in items}
     # A module with one test using a shared fleet runs wholly with that fleet's group.
@@ -50,13 +55,15 @@ def _order_and_group(items) -> None:
     for item in items:
         if unit_of[item] != module_of[item]:
             module_group.setdefault(module_of[item], unit_of[item])
-    weight: dict[str, int] = {}
+    guess: dict[str, float] = {}
     for item in items:
         unit = module_group.get(module_of[item], unit_of[item])
         unit_of[item] = unit
-        cost = 0 if "converge" in item.keywords else 1 if "sandbox" in item.keywords else 2
-        weight[unit] = min(weight.get(unit, 2), cost)
-    items.sort(key=lambda item: weight[unit_of[item]])
+        kind = "converge" if "converge" in item.keywords else "sandbox" if "sandbox" in item.keywords else "unit"
+        guess[unit] = max(guess.get(unit, 0.0), FALLBACK_SECONDS[kind])
+    cost = {unit: unit_costs.SECONDS.get(unit, seconds) for unit, seconds in guess.items()}
+    # By name among equal costs: a group's modules (site-fleet's are not adjacent in collection) stay together.
+    items.sort(key=lambda item: (-cost[unit_of[item]], unit_of[item]))
     # Every test names its unit: loadgroup sends a test without a group to any worker on its own, which splits a
     # module across workers (each converging the module's fleet, and a test missing what the one before it left).
     for item in items:
