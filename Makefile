@@ -83,8 +83,18 @@ PYTEST_WORKERS ?= $(shell nproc)
 pytest: sandbox-deps test-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-# The molecule scenario runs inside pytest (test_molecule.py), as a work unit beside the other fleets.
-test: lint pytest
+# The molecule scenario runs inside pytest (test_molecule.py), as a work unit beside the other fleets. Lint runs
+# beside pytest at the lowest priority: it takes what the fleets leave of the cores (downloads, containers
+# starting, the last unit's tail) instead of half a minute of its own before them. Its output follows pytest's;
+# either failing fails `make test`.
+LINT_LOG := .runs/lint.log
+test: venv
+	@mkdir -p $(dir $(LINT_LOG)); \
+	nice -n 19 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory pytest; tests=$$?; \
+	wait $$lint; linted=$$?; \
+	echo "--- make lint (run beside pytest), exit $$linted:"; cat $(LINT_LOG); \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 # The container-free tests (markers: unit, sandbox, converge in pyproject.toml), for a quick check while editing.
 test-fast: lint fixtures
