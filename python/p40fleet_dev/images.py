@@ -15,7 +15,10 @@ differs from the one the stack was verified on: always under another host name t
 stand-in GPUs differ, and on every copy of an image that did not go through every stage (no verification record).
 Config that names this sandbox's mirror (the env's pip.conf) is rewritten there. The tests that use an image
 converge nothing from fresh: those whose point is a fresh converge (conftest's site_fleet, which test_python_stack
-shares, test_bundle, the fault suite) build their own hosts.
+shares, test_bundle, the fault suite) build their own hosts. A fleet that converges a host of an image's variant
+anyway publishes it (publish): conftest's site_fleet keeps its node1 as the whole pipeline's image, which
+test_ray_cluster.py, in the same work unit after it, starts from; run alone, that module builds the image.
+A copy logs in as its own sandbox says (the login's account and sudo rule are set as each host starts).
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ def image_key(profile: str, login: str, os_name: str, tags: str | None, extra_va
     return variant, digest.hexdigest()[:16]
 
 
+def _tag(variant: str, key: str) -> str:
+    return f"{IMAGE_NAME}:{PODMAN_PREFIX}-{variant}-{key}"
+
+
 def converged_image(
     profile: str = "p40",
     login: str = DEFAULT_LOGIN,
@@ -81,7 +88,7 @@ def converged_image(
     `extra_vars` as given): built on first use, then reused by every worker of the session (and by later sessions
     while nothing it depends on changes)."""
     variant, key = image_key(profile, login, os_name, tags, extra_vars)
-    tag = f"{IMAGE_NAME}:{PODMAN_PREFIX}-{variant}-{key}"
+    tag = _tag(variant, key)
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
     with (LOCK_DIR / f"{variant}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -89,6 +96,29 @@ def converged_image(
             return tag
         _build(tag, profile, login, os_name, tags, extra_vars)
         _remove_older(tag, variant)
+    return tag
+
+
+def publish(
+    container: str,
+    profile: str = "p40",
+    login: str = DEFAULT_LOGIN,
+    os_name: str = DEFAULT_OS,
+    tags: str | None = None,
+    extra_vars: Mapping | None = None,
+) -> str:
+    """Keep the disk of a host a test fleet converged as converged_image's image of that variant (its own name
+    node1, site.yml with `tags` and `extra_vars`, run as `login` on `os_name`), where that image is not built
+    yet: a fleet that converges such a host anyway saves the next test the minutes of building it. The caller
+    vouches for the converge (it succeeded and a re-run changed nothing); the key is the current one."""
+    variant, key = image_key(profile, login, os_name, tags, extra_vars)
+    tag = _tag(variant, key)
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with (LOCK_DIR / f"{variant}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if podman("image", "exists", tag, check=False).returncode != 0:
+            podman("commit", "--quiet", container, tag)
+            _remove_older(tag, variant)
     return tag
 
 

@@ -462,8 +462,8 @@ class Sandbox:
         hosts small filesystems of their own, {host name: {path: size}}: a disk that is too small or fills up,
         without touching the build machine's disk. `services` starts the stand-in service manager on every host
         (`systemctl` answers there), for roles that run systemd units. `image` starts every host from a
-        converged host's disk (p40fleet_dev.images.converged_image, built for the same login and OS) instead of a
-        bare one."""
+        converged host's disk (p40fleet_dev.images.converged_image, built for the same OS; the login is set up as
+        each host starts) instead of a bare one."""
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         if os_name not in OS_RELEASES:

@@ -11,6 +11,7 @@ import pytest
 
 from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
+from p40fleet_dev import images
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
 from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, remove_sandboxes
 from tests import unit_costs
@@ -178,7 +179,7 @@ def run_playbook():
 
 
 @pytest.fixture(scope="session")
-def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
+def site_fleet(make_sandbox, run_playbook, tmp_path_factory, request):
     """One P40 and one 2x P40 host taken through site.yml the way a new user would, shared by the tests of
     the converged run (test_converged_run.py), of the launch script (test_launch_script.py), of the fleet
     checklist (test_checklist.py), of the Python stack's roles (test_python_stack.py) and of the torch lock's
@@ -193,7 +194,8 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
     The fleet logs in as root: issue 9 asks site.yml to converge and re-run unchanged with root login as with an
     ordinary user with sudo (test_privileges.py, with a sudo password; test_bundle.py and the role fleets, without).
     node2's /usr/local/cuda already points at the CUDA home before the first run, as on a host someone set up by
-    hand: a valid host the cuda_toolkit role leaves as it found it, which the checklist must pass."""
+    hand: a valid host the cuda_toolkit role leaves as it found it, which the checklist must pass.
+    When a test of the session starts from `site_image`, node1's disk after the two runs is kept as that image."""
     fleet = make_sandbox("site", ["p40", "p40x2"], login="root")
     linked = fleet.exec("node2", f"ln -sfn {CUDA_HOME} /usr/local/cuda")
     assert linked.returncode == 0, linked.stderr
@@ -226,7 +228,24 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory):
     fleet.after_prereqs_only = observe([*watched, "/var/lib/p40fleet/stages/host_prereqs.json", "/usr/bin/gcc-11"])
     fleet.first = play()
     fleet.second = play()
+    converged = fleet.first.rc == 0 and fleet.second.rc == 0 and fleet.second.stats["node1"]["changed"] == 0
+    if converged and any("site_image" in item.fixturenames for item in request.session.items):
+        # The variant is site.yml with no extra vars: the one these runs add names a directory on the controller,
+        # nothing on the host's disk.
+        images.publish(fleet.host("node1").container, profile=SITE_IMAGE_PROFILE, login="root")
     return fleet
+
+
+# site_fleet's node1.
+SITE_IMAGE_PROFILE = "p40"
+
+
+@pytest.fixture(scope="session")
+def site_image() -> str:
+    """The image of a P40 host (node1) taken through the whole of site.yml logging in as root: site_fleet's node1,
+    kept after its two runs when site_fleet ran first on this worker (a module using this fixture names site_fleet's
+    work unit, xdist_group("site-fleet"), to come after it), else built from a fresh host (the module run alone)."""
+    return images.converged_image(profile=SITE_IMAGE_PROFILE, login="root")
 
 
 @pytest.fixture(scope="session")

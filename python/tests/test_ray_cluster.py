@@ -3,11 +3,13 @@ ray_cluster role under the stand-in service manager (python/tests/fixtures/stand
 sandbox hosts have no systemd), over the sandbox network. CPU only: the GPUs Ray counts are the ones each
 host's profile declares (--num-gpus), no GPU work runs.
 
-One fleet of four P40 hosts up to the verl stage (Ray comes with verl's lock), each a copy of the session's
-converged image of those stages (p40fleet_dev.images): disks as a converge left them, which cluster.yml takes as
-it finds them (it reads no stage record; a copy's first site.yml run would re-verify every stage, as on a host
-whose preflight state changed: test_converged_run.py's driver change). node1 to node3 form cluster `demo`, node4
-joins later. The tests run in order and build on each other.
+One fleet of four P40 hosts through the whole pipeline (Ray comes with verl's lock), each a copy of conftest's
+site_image: site_fleet's node1 as its two runs left it (this module is in site_fleet's work unit, after it), or,
+run alone, the same variant built from a fresh host (p40fleet_dev.images). Disks as a converge left them, which
+cluster.yml takes as it finds them (it reads no stage record; a copy's first site.yml run would re-verify every
+stage, as on a host whose preflight state changed: test_converged_run.py's driver change); the copies log in as
+an ordinary user with password-less sudo, where the image's converge logged in as root. node1 to node3 form
+cluster `demo`, node4 joins later. The tests run in order and build on each other.
 """
 
 from __future__ import annotations
@@ -20,22 +22,20 @@ import time
 import pytest
 
 from p40fleet.cluster import statuses
-from p40fleet_dev.images import converged_image
 
-# converge: the module's converged image takes a fresh host through the stages up to verl (minutes).
-pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
+# converge: run alone, the module's image takes a fresh host through the pipeline (minutes). In site_fleet's unit:
+# its node1 is the image.
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge, pytest.mark.xdist_group("site-fleet")]
 
 OWNER = "p40fleet"
-# Ray comes with verl's lock: the stages up to verl.
-STAGES = "host_prereqs,conda_env,pytorch,verl"
 # What Ray needs on a 2-core machine shared by four hosts: a small object store (the containers' /dev/shm is
 # 64 MB; Ray then uses /tmp) and patience while four nodes start.
 SANDBOX_VARS = "---\nray_cluster_object_store_memory: 100000000\nray_cluster_ready_timeout: 240\n"
 
 
 @pytest.fixture(scope="module")
-def fleet(make_sandbox, run_playbook):
-    fleet = make_sandbox("ray", ["p40", "p40", "p40", "p40"], services=True, image=converged_image(tags=STAGES))
+def fleet(make_sandbox, run_playbook, site_image):
+    fleet = make_sandbox("ray", ["p40", "p40", "p40", "p40"], services=True, image=site_image)
     host_vars = fleet.inventory_dir / "host_vars"
     host_vars.mkdir(exist_ok=True)
     (fleet.inventory_dir / "group_vars" / "all.yml").write_text(SANDBOX_VARS)
