@@ -48,7 +48,8 @@ def _order_and_group(items) -> None:
     worker-seconds; a unit not measured yet by its kind: FALLBACK_SECONDS). xdist hands a worker the next unit when
     its own is almost done, so longest first (LPT) keeps the two workers busy to the end, where collection order
     left one waiting on the last fleet; within a unit the order is unchanged, so a module's fixtures are set up
-    once."""
+    once. The first unit's fleet builds the sandbox's base image (debootstrap, under a lock a worker starting another
+    fleet would wait on): the other workers start with the costliest container-free units meanwhile."""
     module_of = {item: item.nodeid.split("::")[0] for item in items}
     unit_of = {item: _xdist_group(item) or module_of[item] for item in items}
     # A module with one test using a shared fleet runs wholly with that fleet's group.
@@ -57,14 +58,22 @@ def _order_and_group(items) -> None:
         if unit_of[item] != module_of[item]:
             module_group.setdefault(module_of[item], unit_of[item])
     guess: dict[str, float] = {}
+    containers: set[str] = set()
     for item in items:
         unit = module_group.get(module_of[item], unit_of[item])
         unit_of[item] = unit
         kind = "converge" if "converge" in item.keywords else "sandbox" if "sandbox" in item.keywords else "unit"
         guess[unit] = max(guess.get(unit, 0.0), FALLBACK_SECONDS[kind])
+        if kind != "unit":
+            containers.add(unit)
     cost = {unit: unit_costs.SECONDS.get(unit, seconds) for unit, seconds in guess.items()}
     # By name among equal costs: a group's modules (site-fleet's are not adjacent in collection) stay together.
-    items.sort(key=lambda item: (-cost[unit_of[item]], unit_of[item]))
+    order = sorted(cost, key=lambda unit: (-cost[unit], unit))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    first_free = [unit for unit in order[1:] if unit not in containers][: workers - 1]
+    order = [*order[:1], *first_free, *(unit for unit in order[1:] if unit not in first_free)]
+    rank = {unit: index for index, unit in enumerate(order)}
+    items.sort(key=lambda item: rank[unit_of[item]])
     # Every test names its unit: loadgroup sends a test without a group to any worker on its own, which splits a
     # module across workers (each converging the module's fleet, and a test missing what the one before it left).
     for item in items:

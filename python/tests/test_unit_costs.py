@@ -1,4 +1,4 @@
-"""tests/unit_costs.py: the measured unit costs conftest.py orders the work units by."""
+"""tests/unit_costs.py: the measured unit costs, and the order conftest.py hands the work units out in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests import unit_costs
+from tests import conftest, unit_costs
 
 TESTS = REPO_ROOT / "python" / "tests"
 
@@ -42,3 +42,72 @@ def test_every_measured_unit_still_exists(unit):
 )
 def test_measure_sums_each_unit_s_phases(lines, expected):
     assert unit_costs.measure(lines) == pytest.approx(expected)
+
+
+class Item:
+    """What conftest's ordering reads of a collected test."""
+
+    def __init__(self, nodeid: str, kind: str = "unit", group: str | None = None) -> None:
+        self.nodeid = nodeid
+        self.path = REPO_ROOT / nodeid.split("::")[0]
+        self.keywords = {"sandbox": True, "converge": True} if kind == "converge" else {kind: True}
+        self.fixturenames = ["site_fleet"] if group == "site-fleet" else []
+        self.markers = []
+
+    def get_closest_marker(self, name):
+        return next((m for m in self.markers if m.name == name), None)
+
+    def add_marker(self, marker):
+        self.markers.append(marker.mark)
+
+
+def units_in_order(items) -> list[str]:
+    order = []
+    for item in items:
+        unit = item.get_closest_marker("xdist_group").args[0]
+        if not order or order[-1] != unit:
+            order.append(unit)
+    return order
+
+
+def collection(monkeypatch, workers: int) -> list[str]:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    monkeypatch.setattr(
+        unit_costs, "SECONDS", {"site-fleet": 800, "faults": 700, "python/tests/test_slow_local.py": 180}
+    )
+    items = [
+        Item("python/tests/faults/test_case02.py::test_a", "converge"),
+        Item("python/tests/test_checklist.py::test_a", "converge", group="site-fleet"),
+        Item("python/tests/test_fast_local.py::test_a"),
+        Item("python/tests/test_new_fleet.py::test_a", "sandbox"),
+        Item("python/tests/test_slow_local.py::test_a"),
+        Item("python/tests/test_slow_local.py::test_b"),
+        Item("python/tests/test_converged_run.py::test_a", "converge", group="site-fleet"),
+        Item("python/tests/faults/test_case03.py::test_a", "converge"),
+    ]
+    conftest._order_and_group(items)
+    assert [item.nodeid for item in items if "faults/" in item.nodeid] == [
+        "python/tests/faults/test_case02.py::test_a",
+        "python/tests/faults/test_case03.py::test_a",
+    ]  # within a unit, collection order
+    return units_in_order(items)
+
+
+def test_one_worker_runs_the_units_longest_first_each_whole(monkeypatch):
+    assert collection(monkeypatch, 1) == [
+        "site-fleet",
+        "faults",
+        "python/tests/test_slow_local.py",
+        "python/tests/test_new_fleet.py",  # not measured: a sandbox module's guess
+        "python/tests/test_fast_local.py",
+    ]
+
+
+def test_the_second_worker_starts_with_the_costliest_container_free_unit(monkeypatch):
+    assert collection(monkeypatch, 2) == [
+        "site-fleet",
+        "python/tests/test_slow_local.py",
+        "faults",
+        "python/tests/test_new_fleet.py",
+        "python/tests/test_fast_local.py",
+    ]
