@@ -19,12 +19,14 @@ import importlib.util
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,8 @@ NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
 # build machine was (CI failed at 43.7 GiB free). The real figures stay in gpu_preflight's defaults, held by
 # test_gpu_preflight_rules; a too-small disk is shown with tmpfs hosts (test_sandbox, fault case 6).
 SANDBOX_DISK_GIB = 1
+# Hosts a sandbox starts side by side.
+START_WORKERS = 4
 
 # Podman 4.3 on Debian 12: crun fails on hybrid cgroups and setrlimit needs explicit ulimits.
 CONTAINERS_CONF = """\
@@ -403,6 +407,8 @@ class Host:
     services: bool = False
     # The podman image the host started from where it is not the bare sandbox image (Sandbox.up(image=...)).
     image: str = ""
+    # sshd's ed25519 public key ("ssh-ed25519 AAAA..."), read as the host started: known_hosts is written from it.
+    host_key: str = ""
 
 
 class Sandbox:
@@ -500,14 +506,27 @@ class Sandbox:
         self._start_mirror(base, artifacts.mirror_dir, apt_repo_dir(os_name))
         mirror = self._address(self.mirror_container)
         _wait_for_port(mirror, APT_PORT)
-        hosts = []
-        for name, profile in zip(names, profiles, strict=True):
-            host = self._start_host(image or base, name, profile, login, os_name, mirror, tmpfs.get(name, {}), services)
-            host.image = image
-            hosts.append(host)
-        self._save_hosts(hosts)
+        # Side by side: a host's start is mostly podman, conmon and apt waiting, a few seconds each; one after the
+        # other they took a minute of the fault suite's fifteen hosts.
+        with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
+            started = [
+                pool.submit(
+                    self._start_host,
+                    image or base,
+                    name,
+                    profile,
+                    login,
+                    os_name,
+                    mirror,
+                    tmpfs.get(name, {}),
+                    services,
+                )
+                for name, profile in zip(names, profiles, strict=True)
+            ]
+            hosts = [future.result() for future in started]
         for host in hosts:
-            self.set_profile(host.name, host.profile)
+            host.image = image
+        self._save_hosts(hosts)
         self._write_known_hosts(hosts)
         # Where the stand-ins lie on the controller: the hash locks made with them are read from there.
         self._write_inventory(hosts, {**artifacts.group_vars, "p40fleet_sandbox_mirror_dir": str(artifacts.mirror_dir)})
@@ -617,24 +636,31 @@ class Sandbox:
             "-c",
             SERVICES_HOST_COMMAND if services else SSHD_COMMAND,
         )
+        # Everything else a started host needs, in one `podman exec` (each costs the build machine a podman, a
+        # conmon and a runc): each step named, its output kept for the error; the password only on stdin.
+        steps = []
         if login != "root":
             rule = "ALL" if login == "sudo-password" else "NOPASSWD: ALL"
-            podman(
-                "exec",
-                "-i",
-                container,
-                "sh",
-                "-c",
-                f"umask 0227 && cat > /etc/sudoers.d/{LOGIN_USER}",
-                input_bytes=f"{LOGIN_USER} ALL=(ALL:ALL) {rule}\n".encode(),
-            )
-        # The image has no package lists; a real host's first boot (cloud-init) fetches them.
-        update = podman("exec", container, "apt-get", "-q", "update", check=False)
-        if update.returncode != 0:
-            raise SandboxError(f"{name}: apt-get update from the sandbox repository failed: {update.stdout.decode()}")
+            sudoers = shlex.quote(f"{LOGIN_USER} ALL=(ALL:ALL) {rule}")
+            steps.append(("sudo rule", f"(umask 0227 && printf '%s\\n' {sudoers} > /etc/sudoers.d/{LOGIN_USER})"))
+        password = b""
         if login == "sudo-password":
-            password = self.become_password_file.read_text().strip()
-            podman("exec", "-i", container, "chpasswd", input_bytes=f"{LOGIN_USER}:{password}\n".encode())
+            password = self.become_password_file.read_text().strip().encode() + b"\n"
+            steps.append(("the login password", f"IFS= read -r p && printf '%s:%s\\n' {LOGIN_USER} \"$p\" | chpasswd"))
+        # The image has no package lists; a real host's first boot (cloud-init) fetches them.
+        steps.append(("apt-get update from the sandbox repository", "apt-get -q update"))
+        steps.append(("the GPU profile", _profile_commands(name, profile)))
+        key = "/etc/ssh/ssh_host_ed25519_key.pub"
+        steps.append(
+            ("the sshd host key", f"for i in $(seq 50); do test -s {key} && break; sleep 0.1; done; test -s {key}")
+        )
+        script = "".join(
+            f"{{ {command}; }} >&2 || {{ echo {shlex.quote(f'p40fleet-sandbox: {step} failed')} >&2; exit 1; }}\n"
+            for step, command in steps
+        )
+        ready = podman("exec", "-i", container, "sh", "-c", script + f"cat {key}\n", check=False, input_bytes=password)
+        if ready.returncode != 0:
+            raise SandboxError(f"{name}: starting the host failed: {ready.stderr.decode(errors='replace')[-3000:]}")
         return Host(
             name=name,
             container=container,
@@ -644,6 +670,7 @@ class Sandbox:
             os=os_name,
             tmpfs=tmpfs,
             services=services,
+            host_key=" ".join(ready.stdout.decode().split()[:2]),
         )
 
     def _address(self, container: str) -> str:
@@ -651,18 +678,15 @@ class Sandbox:
         return podman("inspect", "-f", template, container).stdout.decode().strip()
 
     def _write_known_hosts(self, hosts: list[Host]) -> None:
-        lines = []
-        for host in hosts:
-            for _ in range(50):
-                key = self.exec(host.name, "cat /etc/ssh/ssh_host_ed25519_key.pub")
-                if key.returncode == 0 and key.stdout.strip():
-                    break
-                time.sleep(0.1)
-            else:
-                raise SandboxError(f"{host.name}: sshd did not create its host key")
-            key_type, key_body = key.stdout.split()[:2]
-            lines.append(f"{host.address} {key_type} {key_body}")
+        lines = [f"{host.address} {host.host_key or self._read_host_key(host)}" for host in hosts]
         (self.dir / "known_hosts").write_text("\n".join(lines) + "\n")
+
+    def _read_host_key(self, host: Host) -> str:
+        """A host's key where its record has none (a sandbox kept from before the records held them)."""
+        key = podman("exec", host.container, "cat", "/etc/ssh/ssh_host_ed25519_key.pub", check=False)
+        if key.returncode != 0 or len(key.stdout.split()) < 2:
+            raise SandboxError(f"{host.name}: no sshd host key: {key.stderr.decode(errors='replace')}")
+        return " ".join(key.stdout.decode().split()[:2])
 
     def _write_hosts_file(self, hosts: list[Host]) -> None:
         inventory = {
@@ -747,8 +771,6 @@ class Sandbox:
             )
         hosts = [by_name[h.name] for h in hosts]
         self._save_hosts(hosts)
-        for name in names:
-            self.set_profile(name, by_name[name].profile)
         self._write_known_hosts(hosts)
         self._write_hosts_file(hosts)
         for name in names:
@@ -799,18 +821,23 @@ class Sandbox:
         spec = gpu_profiles().get(profile)
         if spec is None:
             raise SandboxError(f"unknown GPU profile {profile!r}")
-        data = json.dumps({"host": host, "profile": profile, **spec}, indent=2)
-        container = self.host(host).container
-        podman("exec", "-i", container, "sh", "-c", f"cat > {GPU_PROFILE_PATH}", input_bytes=data.encode())
-        if spec["driver_version"]:
-            podman("exec", container, "ln", "-sfn", NVIDIA_SMI_STANDIN, "/usr/bin/nvidia-smi")
-        else:
-            podman("exec", container, "rm", "-f", "/usr/bin/nvidia-smi")
+        podman("exec", self.host(host).container, "sh", "-c", _profile_commands(host, profile))
         hosts = self.hosts()
         for entry in hosts:
             if entry.name == host:
                 entry.profile = profile
         self._save_hosts(hosts)
+
+
+def _profile_commands(host: str, profile: str) -> str:
+    """The shell commands that give a host a simulated GPU setup: the stand-in nvidia-smi's profile, and the
+    command itself only where the profile has a driver."""
+    spec = gpu_profiles()[profile]
+    data = json.dumps({"host": host, "profile": profile, **spec}, indent=2)
+    smi = f"ln -sfn {NVIDIA_SMI_STANDIN} /usr/bin/nvidia-smi" if spec["driver_version"] else "rm -f /usr/bin/nvidia-smi"
+    return (
+        f"mkdir -p {Path(GPU_PROFILE_PATH).parent} && printf '%s\\n' {shlex.quote(data)} > {GPU_PROFILE_PATH} && {smi}"
+    )
 
 
 def remove_sandboxes(sandboxes: Sequence[Sandbox]) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import yaml
 
 from p40fleet import cli
 from p40fleet.paths import ROLES_DIR
+from p40fleet_dev import sandbox as sandbox_module
 from p40fleet_dev.sandbox import SANDBOX_DISK_GIB, Sandbox, SandboxError, gpu_profiles, podman, sandbox_disk_checks
 
 pytestmark = pytest.mark.sandbox
@@ -113,6 +115,31 @@ def test_a_small_filesystem_for_a_host_it_lacks_or_of_no_size_is_refused():
         Sandbox("pytest-refused").up(["p40"], tmpfs={"node2": {"/srv/small": "64m"}})
     with pytest.raises(SandboxError, match="tmpfs /srv/small=lots: use an absolute path and a size like 64m"):
         Sandbox("pytest-refused").up(["p40"], tmpfs={"node1": {"/srv/small": "lots"}})
+
+
+def test_a_host_starts_with_one_exec_and_its_password_on_stdin_alone(monkeypatch, tmp_path):
+    # Every podman call a sudo-password host's start makes, answered as podman would: no argument list, which
+    # any account on the build machine can read, holds the password.
+    calls = []
+
+    def podman_answering(*args, check=True, input_bytes=None):
+        calls.append((args, input_bytes))
+        out = b"ssh-ed25519 AAAAC3Nza root@node1\n" if args[0] == "exec" else b"10.88.0.7\n"
+        return subprocess.CompletedProcess(["podman", *args], 0, out, b"")
+
+    monkeypatch.setattr(sandbox_module, "podman", podman_answering)
+    monkeypatch.setattr(sandbox_module, "SANDBOX_DIR", tmp_path)
+    box = Sandbox("pytest-start")
+    box.dir.mkdir(parents=True)
+    box.become_password_file.write_text("s3cret-Pass\n")
+    host = box._start_host("image", "node1", "p40", "sudo-password", "debian12", "10.88.0.2", {}, False)
+    assert (host.address, host.host_key) == ("10.88.0.7", "ssh-ed25519 AAAAC3Nza")
+    assert [args[0] for args, _ in calls] == ["run", "exec", "inspect"]
+    assert not any("s3cret" in " ".join(args) for args, _ in calls)
+    assert calls[1][1] == b"s3cret-Pass\n"
+    script = calls[1][0][-1]
+    for step in ("sudo rule", "the login password", "apt-get update", "the GPU profile", "the sshd host key"):
+        assert f"p40fleet-sandbox: {step}" in script, step
 
 
 @pytest.mark.parametrize("overrides", [{}, {"conda_env_install_prefix": 0}])
