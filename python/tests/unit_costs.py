@@ -14,28 +14,28 @@ import re
 import sys
 from collections.abc import Iterable
 
-# Worker-seconds (setup, call and teardown of every test) per unit: a3ab591's clean-clone CI run, 2026-12-03.
+# Worker-seconds (setup, call and teardown of every test) per unit: 11b631c's clean-clone CI run, 2026-12-03.
 SECONDS: dict[str, float] = {
-    "faults": 703,
-    # test_ray_cluster.py joined it since (646 and 348, less the 149 of building Ray's image): not measured yet.
-    "site-fleet": 850,
-    "cuda-sandbox": 394,
-    "python/tests/test_bundle.py": 184,
-    "python/tests/test_verl_patches.py": 183,
-    "python/tests/test_login_modes.py": 139,
-    "python/tests/test_gpu_preflight.py": 87,
+    "site-fleet": 884,
+    "faults": 611,
+    "cuda-sandbox": 364,
+    "python/tests/test_verl_patches.py": 190,
+    "python/tests/test_login_modes.py": 176,
+    "python/tests/test_bundle.py": 175,
+    "python/tests/test_gpu_preflight.py": 102,
+    "python/tests/test_operations.py": 48,
     "python/tests/test_molecule.py": 47,
-    "python/tests/test_driver_hold.py": 41,
-    "python/tests/test_operations.py": 41,
-    "python/tests/test_sandbox.py": 34,
+    "python/tests/test_driver_hold.py": 42,
+    "python/tests/test_sandbox.py": 37,
+    "python/tests/test_verl_lock.py": 33,
     "python/tests/test_fact_cache.py": 33,
-    "python/tests/test_training_data.py": 23,
-    "python/tests/test_verl_patches_tool.py": 18,
-    "python/tests/test_fetch.py": 15,
-    "python/tests/test_wheel.py": 14,
+    "python/tests/test_training_data.py": 24,
+    "python/tests/test_verl_patches_rules.py": 22,
+    "python/tests/test_wheel.py": 15,
+    "python/tests/test_fetch.py": 14,
     "python/tests/test_inputs.py": 9,
     "python/tests/test_ray_cluster_launch.py": 8,
-    "python/tests/test_runner_hygiene.py": 6,
+    "python/tests/test_runner_hygiene.py": 7,
 }
 
 # --durations lines under xdist: "12.34s call     path::test@unit".
