@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from p40fleet.run import run_playbook
 from p40fleet_dev import fixtures
@@ -73,11 +73,21 @@ def image_key(profile: str, login: str, os_name: str, tags: str | None, extra_va
     return variant, digest.hexdigest()[:16]
 
 
-def _tag(variant: str, key: str) -> str:
-    return f"{IMAGE_NAME}:{PODMAN_PREFIX}-{variant}-{key}"
+def _ensure(variant: str, key: str, make: Callable[[str], None]) -> str:
+    """The image of `variant` for `key`, made by make(tag) under the variant's lock where it does not exist yet (the
+    variant's images of older keys removed then)."""
+    tag = f"{IMAGE_NAME}:{PODMAN_PREFIX}-{variant}-{key}"
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with (LOCK_DIR / f"{variant}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if podman("image", "exists", tag, check=False).returncode != 0:
+            make(tag)
+            _remove_older(tag, variant)
+    return tag
 
 
 def converged_image(
+    *,
     profile: str = "p40",
     login: str = DEFAULT_LOGIN,
     os_name: str = DEFAULT_OS,
@@ -88,38 +98,17 @@ def converged_image(
     `extra_vars` as given): built on first use, then reused by every worker of the session (and by later sessions
     while nothing it depends on changes)."""
     variant, key = image_key(profile, login, os_name, tags, extra_vars)
-    tag = _tag(variant, key)
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    with (LOCK_DIR / f"{variant}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if podman("image", "exists", tag, check=False).returncode == 0:
-            return tag
-        _build(tag, profile, login, os_name, tags, extra_vars)
-        _remove_older(tag, variant)
-    return tag
+    return _ensure(variant, key, lambda tag: _build(tag, profile, login, os_name, tags, extra_vars))
 
 
-def publish(
-    container: str,
-    profile: str = "p40",
-    login: str = DEFAULT_LOGIN,
-    os_name: str = DEFAULT_OS,
-    tags: str | None = None,
-    extra_vars: Mapping | None = None,
-) -> str:
-    """Keep the disk of a host a test fleet converged as converged_image's image of that variant (its own name
-    node1, site.yml with `tags` and `extra_vars`, run as `login` on `os_name`), where that image is not built
-    yet: a fleet that converges such a host anyway saves the next test the minutes of building it. The caller
-    vouches for the converge (it succeeded and a re-run changed nothing); the key is the current one."""
-    variant, key = image_key(profile, login, os_name, tags, extra_vars)
-    tag = _tag(variant, key)
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    with (LOCK_DIR / f"{variant}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if podman("image", "exists", tag, check=False).returncode != 0:
-            podman("commit", "--quiet", container, tag)
-            _remove_older(tag, variant)
-    return tag
+def publish(container: str, **variant) -> str:
+    """Keep the disk of a host a test fleet converged as converged_image's image of `variant` (converged_image's
+    keywords: its own name node1, site.yml with those tags and extra vars, logging in so, on that OS), where that
+    image is not built yet: a fleet that converges such a host anyway saves the next test the minutes of building
+    it. The caller vouches for the converge (it succeeded and a re-run changed nothing); the key is the current
+    one."""
+    variant, key = image_key(**{**converged_image.__kwdefaults__, **variant})
+    return _ensure(variant, key, lambda tag: podman("commit", "--quiet", container, tag))
 
 
 def _build(tag: str, profile: str, login: str, os_name: str, tags: str | None, extra_vars: Mapping | None) -> None:

@@ -5,6 +5,7 @@ the modules that start from them (test_ray_cluster.py)."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -68,3 +69,24 @@ def test_the_tree_digest_sees_names_and_contents(tmp_path):
     (tmp_path / "roles" / "a" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
     assert len({first, second, third}) == 3
     assert images.tree_digest(["roles", "site.yml"], base=tmp_path) == third
+
+
+def test_a_published_host_is_the_image_converged_image_then_returns(monkeypatch, tmp_path):
+    # podman answering as it would: the variant's image absent until the commit makes it.
+    made = []
+
+    def podman(*args, check=True):
+        if args[:2] == ("image", "exists"):
+            return SimpleNamespace(returncode=0 if args[2] in made else 1)
+        if args[0] == "commit":
+            made.append(args[-1])
+        return SimpleNamespace(returncode=0, stdout=b"")
+
+    monkeypatch.setattr(images, "podman", podman)
+    monkeypatch.setattr(images, "LOCK_DIR", tmp_path)
+    monkeypatch.setattr(images, "_build", lambda *args: pytest.fail("an image published is not built again"))
+    tag = images.publish("p40fleet-site-node1", profile="p40", login="root")
+    assert made == [tag] and tag.endswith("-" + "-".join(key(login="root")))
+    assert images.converged_image(profile="p40", login="root") == tag
+    # Published once: a second fleet's host does not replace it.
+    assert images.publish("p40fleet-other-node1", login="root") == tag and made == [tag]
