@@ -12,6 +12,7 @@ group, p40_sandbox, whose variables point the roles at the stand-ins.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import functools
 import hashlib
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -121,9 +123,29 @@ def host_standins() -> Path:
     return STANDINS_DIR / "host"
 
 
-def gpu_profiles() -> dict[str, dict]:
+@functools.cache
+def _gpu_profiles_file() -> dict[str, dict]:
+    # Read once a process: every host's start and every profile change looks its profile up here.
     with (host_standins() / "gpu_profiles.yml").open(encoding="utf-8") as handle:
         return yaml.safe_load(handle)
+
+
+def gpu_profiles() -> dict[str, dict]:
+    """The stand-in GPU profiles by name (python/tests/fixtures/standins/host/gpu_profiles.yml), a copy the caller
+    may change."""
+    return copy.deepcopy(_gpu_profiles_file())
+
+
+# sshd's key, which each host's start waits for and known_hosts records.
+SSHD_HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
+
+
+def _known_hosts_key(host: str, answer: subprocess.CompletedProcess) -> str:
+    """The key type and key of a `cat` of SSHD_HOST_KEY, as known_hosts records them (the comment left out)."""
+    words = answer.stdout.decode(errors="replace").split()
+    if answer.returncode != 0 or len(words) < 2:
+        raise SandboxError(f"{host}: no sshd host key in {SSHD_HOST_KEY}: {answer.stderr.decode(errors='replace')}")
+    return " ".join(words[:2])
 
 
 def _podman_env() -> dict[str, str]:
@@ -649,8 +671,8 @@ class Sandbox:
             steps.append(("the login password", f"IFS= read -r p && printf '%s:%s\\n' {LOGIN_USER} \"$p\" | chpasswd"))
         # The image has no package lists; a real host's first boot (cloud-init) fetches them.
         steps.append(("apt-get update from the sandbox repository", "apt-get -q update"))
-        steps.append(("the GPU profile", _profile_commands(name, profile)))
-        key = "/etc/ssh/ssh_host_ed25519_key.pub"
+        steps.append(("the GPU profile", _profile_commands(name, profile, gpu_profiles()[profile])))
+        key = SSHD_HOST_KEY
         steps.append(
             ("the sshd host key", f"for i in $(seq 50); do test -s {key} && break; sleep 0.1; done; test -s {key}")
         )
@@ -670,7 +692,7 @@ class Sandbox:
             os=os_name,
             tmpfs=tmpfs,
             services=services,
-            host_key=" ".join(ready.stdout.decode().split()[:2]),
+            host_key=_known_hosts_key(name, ready),
         )
 
     def _address(self, container: str) -> str:
@@ -683,10 +705,7 @@ class Sandbox:
 
     def _read_host_key(self, host: Host) -> str:
         """A host's key where its record has none (a sandbox kept from before the records held them)."""
-        key = podman("exec", host.container, "cat", "/etc/ssh/ssh_host_ed25519_key.pub", check=False)
-        if key.returncode != 0 or len(key.stdout.split()) < 2:
-            raise SandboxError(f"{host.name}: no sshd host key: {key.stderr.decode(errors='replace')}")
-        return " ".join(key.stdout.decode().split()[:2])
+        return _known_hosts_key(host.name, podman("exec", host.container, "cat", SSHD_HOST_KEY, check=False))
 
     def _write_hosts_file(self, hosts: list[Host]) -> None:
         inventory = {
@@ -821,7 +840,7 @@ class Sandbox:
         spec = gpu_profiles().get(profile)
         if spec is None:
             raise SandboxError(f"unknown GPU profile {profile!r}")
-        podman("exec", self.host(host).container, "sh", "-c", _profile_commands(host, profile))
+        podman("exec", self.host(host).container, "sh", "-c", _profile_commands(host, profile, spec))
         hosts = self.hosts()
         for entry in hosts:
             if entry.name == host:
@@ -829,10 +848,9 @@ class Sandbox:
         self._save_hosts(hosts)
 
 
-def _profile_commands(host: str, profile: str) -> str:
-    """The shell commands that give a host a simulated GPU setup: the stand-in nvidia-smi's profile, and the
-    command itself only where the profile has a driver."""
-    spec = gpu_profiles()[profile]
+def _profile_commands(host: str, profile: str, spec: Mapping[str, Any]) -> str:
+    """The shell commands that give a host a simulated GPU setup (`spec`, gpu_profiles()[profile]): the stand-in
+    nvidia-smi's profile, and the command itself only where the profile has a driver."""
     data = json.dumps({"host": host, "profile": profile, **spec}, indent=2)
     smi = f"ln -sfn {NVIDIA_SMI_STANDIN} /usr/bin/nvidia-smi" if spec["driver_version"] else "rm -f /usr/bin/nvidia-smi"
     return (

@@ -25,6 +25,7 @@ RECORD = role_defaults("verl_patches")["verl_patches_state_dir"] + "/applied.jso
 
 @pytest.fixture(scope="module")
 def converged(converged_site_fleet):
+    """conftest's site_fleet after its two runs, under the name this module's checks read as a sentence."""
     return converged_site_fleet
 
 

@@ -39,6 +39,7 @@ BUILD_TOOLS = dict(line.split(" ", 1)[0].split("==") for line in APEX_DEFAULTS["
 
 @pytest.fixture(scope="module")
 def fleet(converged_site_fleet):
+    """conftest's site_fleet after its two runs (this module's fixtures and tests build on it as `fleet`)."""
     return converged_site_fleet
 
 

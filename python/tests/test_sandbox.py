@@ -110,6 +110,32 @@ def test_unknown_profile_is_refused():
     assert "p40" in gpu_profiles()
 
 
+def test_the_profiles_are_read_once_and_each_caller_gets_its_own_copy():
+    first = gpu_profiles()
+    first["p40"]["driver_version"] = "changed by a caller"
+    assert gpu_profiles()["p40"]["driver_version"] != "changed by a caller"
+    assert sandbox_module._gpu_profiles_file.cache_info().misses == 1
+
+
+@pytest.mark.parametrize(
+    ("rc", "out", "found"),
+    [
+        (0, b"ssh-ed25519 AAAAC3Nza root@node1\n", "ssh-ed25519 AAAAC3Nza"),
+        (0, b"ssh-ed25519 AAAAC3Nza\n", "ssh-ed25519 AAAAC3Nza"),
+        (0, b"ssh-ed25519\n", None),
+        (0, b"", None),
+        (1, b"ssh-ed25519 AAAAC3Nza root@node1\n", None),
+    ],
+)
+def test_the_known_hosts_key_is_the_type_and_key_of_a_whole_answer(rc, out, found):
+    answer = subprocess.CompletedProcess(["podman"], rc, out, b"cat: no such file")
+    if found is None:
+        with pytest.raises(SandboxError, match=r"node3: no sshd host key in /etc/ssh/ssh_host_ed25519_key.pub"):
+            sandbox_module._known_hosts_key("node3", answer)
+    else:
+        assert sandbox_module._known_hosts_key("node3", answer) == found
+
+
 def test_a_small_filesystem_for_a_host_it_lacks_or_of_no_size_is_refused():
     with pytest.raises(SandboxError, match=r"tmpfs names hosts \['node2'\] this sandbox does not have \(node1\)"):
         Sandbox("pytest-refused").up(["p40"], tmpfs={"node2": {"/srv/small": "64m"}})
