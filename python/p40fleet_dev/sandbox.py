@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -136,8 +137,10 @@ def gpu_profiles() -> dict[str, dict]:
     return copy.deepcopy(_gpu_profiles_file())
 
 
-# sshd's key, which each host's start waits for and known_hosts records.
+# sshd's key, which each host's start waits for and known_hosts records. `ssh-keygen -A` makes it last, after an
+# RSA key: seconds of CPU on a busy build machine (5 s were too few for a fleet of 23 starting during CI).
 SSHD_HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
+HOST_KEY_WAIT_S = 60
 
 
 def _known_hosts_key(host: str, answer: subprocess.CompletedProcess) -> str:
@@ -524,28 +527,34 @@ class Sandbox:
         self._make_key()
         if login == "sudo-password":
             self._make_become_password()
-        podman("network", "create", self.network)
-        self._start_mirror(base, artifacts.mirror_dir, apt_repo_dir(os_name))
-        mirror = self._address(self.mirror_container)
-        _wait_for_port(mirror, APT_PORT)
-        # Side by side: a host's start is mostly podman, conmon and apt waiting, a few seconds each; one after the
-        # other they took a minute of the fault suite's fifteen hosts.
-        with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
-            started = [
-                pool.submit(
-                    self._start_host,
-                    image or base,
-                    name,
-                    profile,
-                    login,
-                    os_name,
-                    mirror,
-                    tmpfs.get(name, {}),
-                    services,
-                )
-                for name, profile in zip(names, profiles, strict=True)
-            ]
-            hosts = [future.result() for future in started]
+        try:
+            podman("network", "create", self.network)
+            self._start_mirror(base, artifacts.mirror_dir, apt_repo_dir(os_name))
+            mirror = self._address(self.mirror_container)
+            _wait_for_port(mirror, APT_PORT)
+            # Side by side: a host's start is mostly podman, conmon and apt waiting, a few seconds each; one after
+            # the other they took a minute of the fault suite's fifteen hosts.
+            with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
+                started = [
+                    pool.submit(
+                        self._start_host,
+                        image or base,
+                        name,
+                        profile,
+                        login,
+                        os_name,
+                        mirror,
+                        tmpfs.get(name, {}),
+                        services,
+                    )
+                    for name, profile in zip(names, profiles, strict=True)
+                ]
+                hosts = [future.result() for future in started]
+        except BaseException:
+            # A start that failed leaves no host running: the record of hosts is written only once all started,
+            # so the containers are found by name.
+            self.down()
+            raise
         for host in hosts:
             host.image = image
         self._save_hosts(hosts)
@@ -674,7 +683,10 @@ class Sandbox:
         steps.append(("the GPU profile", _profile_commands(name, profile, gpu_profiles()[profile])))
         key = SSHD_HOST_KEY
         steps.append(
-            ("the sshd host key", f"for i in $(seq 50); do test -s {key} && break; sleep 0.1; done; test -s {key}")
+            (
+                "the sshd host key",
+                f"for i in $(seq {HOST_KEY_WAIT_S * 10}); do test -s {key} && break; sleep 0.1; done; test -s {key}",
+            )
         )
         script = "".join(
             f"{{ {command}; }} >&2 || {{ echo {shlex.quote(f'p40fleet-sandbox: {step} failed')} >&2; exit 1; }}\n"
@@ -863,8 +875,12 @@ def remove_sandboxes(sandboxes: Sequence[Sandbox]) -> None:
     removes side by side (a converged host's disk takes seconds to delete; one call a sandbox waited on each in
     turn at the end of a test session)."""
     containers = [c for s in sandboxes for c in [h.container for h in s.hosts()] + [s.mirror_container]]
+    # And any host of theirs no record names: one a start that failed or was killed left running.
+    pattern = "|".join(re.escape(f"{PODMAN_PREFIX}-{s.name}-") for s in sandboxes)
+    listed = podman("ps", "-a", "--filter", f"name=^({pattern})node[0-9]+$", "--format", "{{.Names}}", check=False)
+    containers += sorted(set(listed.stdout.decode().split()) - set(containers))
     if containers:
-        podman("rm", "-f", "-t", "0", *containers, check=False)
+        podman("rm", "-f", "-t", "0", "--ignore", *containers, check=False)
     podman("image", "rm", "-f", "--ignore", *[s.copy_image for s in sandboxes], check=False)
     networks = [s.network for s in sandboxes if podman("network", "exists", s.network, check=False).returncode == 0]
     if networks:

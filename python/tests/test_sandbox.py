@@ -12,6 +12,7 @@ from p40fleet import cli
 from p40fleet.paths import ROLES_DIR
 from p40fleet_dev import sandbox as sandbox_module
 from p40fleet_dev.sandbox import SANDBOX_DISK_GIB, Sandbox, SandboxError, gpu_profiles, podman, sandbox_disk_checks
+from tests.workers import sandbox_name
 
 pytestmark = pytest.mark.sandbox
 
@@ -216,6 +217,25 @@ def test_a_host_gets_the_small_filesystem_it_asks_for(make_sandbox):
     # Filling it fills it, not the build machine's disk.
     full = sandbox.exec("node1", "dd if=/dev/zero of=/srv/small/fill bs=1M count=16")
     assert full.returncode != 0 and "No space left on device" in full.stderr
+
+
+def test_a_start_that_fails_leaves_nothing_running_and_names_the_host(monkeypatch):
+    # node2's start fails after its container runs (a step of its one exec fails): the sandbox removes node1,
+    # node2 and the mirror it started, which no record of hosts names yet.
+    real = sandbox_module._profile_commands
+    monkeypatch.setattr(
+        sandbox_module,
+        "_profile_commands",
+        lambda host, profile, spec: "false" if host == "node2" else real(host, profile, spec),
+    )
+    sandbox = Sandbox(sandbox_name("failed-start"))
+    failed = r"(?s)node2: starting the host failed: .*p40fleet-sandbox: the GPU profile failed"
+    with pytest.raises(SandboxError, match=failed):
+        sandbox.up(["p40", "p40"])
+    prefix = f"{sandbox_module.PODMAN_PREFIX}-{sandbox.name}-"
+    left = podman("ps", "-a", "--filter", f"name=^{prefix}", "--format", "{{.Names}}")
+    assert left.stdout.decode().split() == []
+    assert podman("network", "exists", sandbox.network, check=False).returncode != 0
 
 
 def test_unreachable_host_has_its_own_exit_code(fleet, tmp_path):
