@@ -20,9 +20,12 @@ RAY = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "ray" / "ray_st
 # The script's supervise() on the stand-in, its forward grace shortened (the script's own: 10 s) but, as there, longer
 # than `ray start` takes to stop (the stand-in: 0.5 s; Ray: about 3 s).
 HARNESS = """
-import sys
+import importlib.util, sys
 from importlib.machinery import SourceFileLoader
-node = SourceFileLoader("p40fleet_ray_node", sys.argv[1]).load_module()
+# The script has no .py suffix: its loader named, as importlib's own way for such a file.
+loader = SourceFileLoader("p40fleet_ray_node", sys.argv[1])
+node = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+loader.exec_module(node)
 node.FORWARD_GRACE = 2
 sys.exit(node.supervise([sys.executable, sys.argv[2], sys.argv[3]]))
 """
