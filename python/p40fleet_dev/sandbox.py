@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -888,6 +888,43 @@ def remove_sandboxes(sandboxes: Sequence[Sandbox]) -> None:
     for sandbox in sandboxes:
         if sandbox.dir.exists():
             shutil.rmtree(sandbox.dir)
+
+
+def leftover_sandboxes(name_prefix: str) -> list[Sandbox]:
+    """The sandboxes named name_prefix* of this checkout that podman or .sandbox/ still holds: its containers
+    (hosts named <sandbox>-node<N> and the <sandbox>-mirror), networks and state directories."""
+    own = f"{PODMAN_PREFIX}-{name_prefix}"
+    names: set[str] = set()
+    listed = podman("ps", "-a", "--filter", f"name=^{re.escape(own)}", "--format", "{{.Names}}", check=False)
+    named = re.compile(rf"{re.escape(PODMAN_PREFIX)}-({re.escape(name_prefix)}.*)-(?:mirror|node[0-9]+)")
+    for container in listed.stdout.decode().split():
+        found = named.fullmatch(container)
+        if found:
+            names.add(found.group(1))
+    networks = podman("network", "ls", "--format", "{{.Name}}", check=False)
+    names.update(n[len(PODMAN_PREFIX) + 1 :] for n in networks.stdout.decode().split() if n.startswith(own))
+    if SANDBOX_DIR.is_dir():
+        names.update(path.name for path in SANDBOX_DIR.glob(f"{name_prefix}*") if path.is_dir())
+    return [Sandbox(name) for name in sorted(names)]
+
+
+def claim_session(lock_path: Path, name_prefix: str) -> tuple[IO[str] | None, list[str]]:
+    """Start a test session's hold on the sandboxes named name_prefix*: where no other live session holds lock_path,
+    take it (the kernel lets go when this process ends) and remove what a killed session left (its hosts ran on,
+    idle Ray heads and services using the CPU the next session's tests need; nothing removed them, since only the
+    session that made a sandbox knows it). Where another session holds the lock, nothing is removed: its sandboxes
+    are live. Returns the open lock (keep it for the session) or None, and the names removed."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = lock_path.open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None, []
+    stale = leftover_sandboxes(name_prefix)
+    if stale:
+        remove_sandboxes(stale)
+    return handle, [sandbox.name for sandbox in stale]
 
 
 def _wait_for_port(address: str, port: int, timeout: float = 30.0) -> None:

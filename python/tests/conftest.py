@@ -13,7 +13,7 @@ from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet_dev import images
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
-from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, remove_sandboxes
+from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, claim_session, remove_sandboxes
 from tests import unit_costs
 from tests.faults import table as fault_table
 from tests.pins import CUDA_HOME
@@ -80,8 +80,22 @@ def _order_and_group(items) -> None:
         item.add_marker(pytest.mark.xdist_group(unit_of[item]))
 
 
+# Held by the session's controller (xdist's, or the one process) while it runs; see claim_session.
+SESSION_LOCK = RUNS_DIR / "pytest-session.lock"
+
+
 def pytest_configure(config):
     fault_table.configure(config)
+    if hasattr(config, "workerinput") or PODMAN_MISSING:
+        return
+    # Before any worker starts a sandbox: the sandboxes a killed session left (every test sandbox is named
+    # pytest-*) go, unless another session of this checkout is running.
+    config._p40fleet_session_lock, config._p40fleet_removed = claim_session(SESSION_LOCK, "pytest-")
+
+
+def pytest_report_header(config):
+    removed = getattr(config, "_p40fleet_removed", [])
+    return [f"removed {len(removed)} sandboxes a killed test session left: {', '.join(removed)}"] if removed else []
 
 
 # Before xdist's own hook, which reads the groups set here.

@@ -238,6 +238,41 @@ def test_a_start_that_fails_leaves_nothing_running_and_names_the_host(monkeypatc
     assert podman("network", "exists", sandbox.network, check=False).returncode != 0
 
 
+def test_a_killed_session_s_sandboxes_go_when_the_next_session_starts_unless_one_is_running(tmp_path):
+    # What a killed session leaves: a host and its mirror (created, as a running one would be listed), the network,
+    # the state directory. Named under a prefix of this test's own, so the session's live sandboxes stay out of it.
+    prefix = sandbox_name("killed") + "-"
+    left = Sandbox(prefix + "run1")
+    image = sandbox_module.ensure_image()
+    for container in (f"{sandbox_module.PODMAN_PREFIX}-{left.name}-node3", left.mirror_container):
+        podman("create", "--name", container, image, "sleep", "infinity")
+    podman("network", "create", left.network)
+    left.dir.mkdir(parents=True)
+    lock = tmp_path / "session.lock"
+
+    def remaining() -> list[str]:
+        pattern = f"name=^{sandbox_module.PODMAN_PREFIX}-{prefix}"
+        listed = podman("ps", "-a", "--filter", pattern, "--format", "{{.Names}}")
+        return sorted(listed.stdout.decode().split())
+
+    try:
+        # Another session holds the lock: its sandboxes are live, nothing is touched.
+        with lock.open("w") as other:
+            sandbox_module.fcntl.flock(other, sandbox_module.fcntl.LOCK_EX)
+            assert sandbox_module.claim_session(lock, prefix) == (None, [])
+            assert len(remaining()) == 2 and left.dir.is_dir()
+        held, removed = sandbox_module.claim_session(lock, prefix)
+        assert held is not None and removed == [left.name]
+        assert remaining() == []
+        assert podman("network", "exists", left.network, check=False).returncode != 0
+        assert not left.dir.exists()
+        # While this session holds it, a second session's claim removes nothing.
+        assert sandbox_module.claim_session(lock, prefix) == (None, [])
+        held.close()
+    finally:
+        sandbox_module.remove_sandboxes([left])
+
+
 def test_unreachable_host_has_its_own_exit_code(fleet, tmp_path):
     node3 = fleet.host("node3")
     podman("stop", "-t", "0", node3.container)
