@@ -774,6 +774,11 @@ class Sandbox:
         )
 
     @property
+    def kept_file(self) -> Path:
+        """Present where a session left this sandbox on purpose, for the next to reuse (leftover_sandboxes)."""
+        return self.dir / "kept"
+
+    @property
     def copy_image(self) -> str:
         return f"{COPY_IMAGE_NAME}:{PODMAN_PREFIX}-{self.name}"
 
@@ -892,7 +897,8 @@ def remove_sandboxes(sandboxes: Sequence[Sandbox]) -> None:
 
 def leftover_sandboxes(name_prefix: str) -> list[Sandbox]:
     """The sandboxes named name_prefix* of this checkout that podman or .sandbox/ still holds: its containers
-    (hosts named <sandbox>-node<N> and the <sandbox>-mirror), networks and state directories."""
+    (hosts named <sandbox>-node<N> and the <sandbox>-mirror), networks and state directories; not those a session
+    kept on purpose (kept_file)."""
     own = f"{PODMAN_PREFIX}-{name_prefix}"
     names: set[str] = set()
     listed = podman("ps", "-a", "--filter", f"name=^{re.escape(own)}", "--format", "{{.Names}}", check=False)
@@ -905,7 +911,8 @@ def leftover_sandboxes(name_prefix: str) -> list[Sandbox]:
     names.update(n[len(PODMAN_PREFIX) + 1 :] for n in networks.stdout.decode().split() if n.startswith(own))
     if SANDBOX_DIR.is_dir():
         names.update(path.name for path in SANDBOX_DIR.glob(f"{name_prefix}*") if path.is_dir())
-    return [Sandbox(name) for name in sorted(names)]
+    # Left on purpose (P40FLEET_FAULTS_KEEP): not a leftover.
+    return [sandbox for sandbox in map(Sandbox, sorted(names)) if not sandbox.kept_file.exists()]
 
 
 def claim_session(lock_path: Path, name_prefix: str) -> tuple[IO[str] | None, list[str]]:

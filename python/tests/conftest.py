@@ -13,8 +13,8 @@ from p40fleet.run import RunResult
 from p40fleet.run import run_playbook as _run_playbook
 from p40fleet_dev import images
 from p40fleet_dev.paths import REPO_ROOT, RUNS_DIR
-from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, claim_session, remove_sandboxes
-from tests import unit_costs
+from p40fleet_dev.sandbox import DEFAULT_LOGIN, DEFAULT_OS, Sandbox, claim_session
+from tests import sandbox_removal, unit_costs
 from tests.faults import table as fault_table
 from tests.pins import CUDA_HOME
 from tests.workers import sandbox_name
@@ -41,6 +41,9 @@ def _xdist_group(item) -> str | None:
     if "site_fleet" in item.fixturenames:
         return "site-fleet"
     return None
+
+
+UNIT = pytest.StashKey[str]()
 
 
 def _order_and_group(items) -> None:
@@ -78,6 +81,7 @@ def _order_and_group(items) -> None:
     # module across workers (each converging the module's fleet, and a test missing what the one before it left).
     for item in items:
         item.add_marker(pytest.mark.xdist_group(unit_of[item]))
+        item.stash[UNIT] = unit_of[item]
 
 
 # Held by the session's controller (xdist's, or the one process) while it runs; see claim_session.
@@ -114,6 +118,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="podman/debootstrap not installed: run `make sandbox-deps`"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    sandbox_removal.session.unit_starts(item.stash.get(UNIT, ""))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        # The unit's fixtures are torn down by now; its sandboxes go while the next unit runs.
+        if nextitem is not None and nextitem.stash.get(UNIT, "") != item.stash.get(UNIT, ""):
+            sandbox_removal.session.unit_done(item.stash.get(UNIT, ""))
+
+
+def pytest_sessionfinish(session):
+    sandbox_removal.session.finish()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     fault_table.node_down(node)
@@ -128,14 +151,12 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-_sandboxes: dict[str, Sandbox] = {}
-
-
 @pytest.fixture(scope="session")
 def make_sandbox():
     """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None, services=False, image="")
     -> a running Sandbox (services: the stand-in service manager answers systemctl on its hosts; image: its hosts
-    start as copies of a converged host, p40fleet_dev.images.converged_image); removed at the end of the session."""
+    start as copies of a converged host, p40fleet_dev.images.converged_image); removed once the work unit that
+    made it is done (tests/sandbox_removal.py)."""
 
     def make(
         name: str,
@@ -147,13 +168,12 @@ def make_sandbox():
         image: str = "",
     ) -> Sandbox:
         sandbox = Sandbox(sandbox_name(name))
+        sandbox_removal.session.claim(sandbox.name)
         sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services, image=image)
-        _sandboxes[sandbox.name] = sandbox
+        sandbox_removal.session.keep_until_unit_ends(sandbox)
         return sandbox
 
-    yield make
-    remove_sandboxes(list(_sandboxes.values()))
-    _sandboxes.clear()
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -248,6 +248,11 @@ def test_a_killed_session_s_sandboxes_go_when_the_next_session_starts_unless_one
         podman("create", "--name", container, image, "sleep", "infinity")
     podman("network", "create", left.network)
     left.dir.mkdir(parents=True)
+    # And one a session kept on purpose (P40FLEET_FAULTS_KEEP), for the next to reuse.
+    kept = Sandbox(prefix + "kept")
+    podman("create", "--name", kept.mirror_container, image, "sleep", "infinity")
+    kept.dir.mkdir(parents=True)
+    kept.kept_file.touch()
     lock = tmp_path / "session.lock"
 
     def remaining() -> list[str]:
@@ -260,17 +265,17 @@ def test_a_killed_session_s_sandboxes_go_when_the_next_session_starts_unless_one
         with lock.open("w") as other:
             sandbox_module.fcntl.flock(other, sandbox_module.fcntl.LOCK_EX)
             assert sandbox_module.claim_session(lock, prefix) == (None, [])
-            assert len(remaining()) == 2 and left.dir.is_dir()
+            assert len(remaining()) == 3 and left.dir.is_dir()
         held, removed = sandbox_module.claim_session(lock, prefix)
         assert held is not None and removed == [left.name]
-        assert remaining() == []
+        assert remaining() == [kept.mirror_container]
         assert podman("network", "exists", left.network, check=False).returncode != 0
         assert not left.dir.exists()
         # While this session holds it, a second session's claim removes nothing.
         assert sandbox_module.claim_session(lock, prefix) == (None, [])
         held.close()
     finally:
-        sandbox_module.remove_sandboxes([left])
+        sandbox_module.remove_sandboxes([left, kept])
 
 
 def test_unreachable_host_has_its_own_exit_code(fleet, tmp_path):

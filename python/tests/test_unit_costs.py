@@ -53,6 +53,7 @@ class Item:
         self.keywords = {"sandbox": True, "converge": True} if kind == "converge" else {kind: True}
         self.fixturenames = ["site_fleet"] if group == "site-fleet" else []
         self.markers = []
+        self.stash = {}
 
     def get_closest_marker(self, name):
         return next((m for m in self.markers if m.name == name), None)
@@ -65,6 +66,7 @@ def units_in_order(items) -> list[str]:
     order = []
     for item in items:
         unit = item.get_closest_marker("xdist_group").args[0]
+        assert item.stash[conftest.UNIT] == unit  # what the hooks read to remove a unit's sandboxes when it ends
         if not order or order[-1] != unit:
             order.append(unit)
     return order

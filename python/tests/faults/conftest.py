@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests import sandbox_removal
 from tests.faults.tools import CONDA_TMPFS, MODEL_REPO, MirrorServer, ProcessSampler
 from tests.pins import STAGES as SITE_STAGES
 from tests.workers import sandbox_name
@@ -136,20 +137,24 @@ class Fleet:
 @pytest.fixture(scope="session")
 def fleet(run_playbook):
     sandbox = Sandbox(sandbox_name("faults"))
+    sandbox_removal.session.claim(sandbox.name)
     sandbox.up(
         [profile for profile, _, _, _ in HOSTS.values()],
         login="sudo-password",
         tmpfs={host: mounts for host, (_, mounts, _, _) in HOSTS.items() if mounts},
     )
+    if os.environ.get("P40FLEET_FAULTS_KEEP") == "1":
+        sandbox.kept_file.touch()  # the next session's start leaves it to be reused
+    else:
+        sandbox.kept_file.unlink(missing_ok=True)
+        sandbox_removal.session.keep_until_unit_ends(sandbox)
     shared = Fleet(sandbox, run_playbook)
     for host, (_, _, host_vars, _) in HOSTS.items():
         # A sandbox kept from an interrupted session may carry a case's leftovers: every host starts as set here.
         (shared.inventory / "host_vars" / f"{host}.yml").unlink(missing_ok=True)
         if host_vars:
             shared.host_vars(host, **host_vars)
-    yield shared
-    if os.environ.get("P40FLEET_FAULTS_KEEP") != "1":
-        sandbox.down()
+    return shared
 
 
 HUB_PORT = 8092
