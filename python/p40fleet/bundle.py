@@ -211,11 +211,12 @@ def choose_files(pin: Pinned, links: Iterable[Link], tags: Sequence[Tag]) -> lis
     wheels: dict[str, tuple[int, Link]] = {}
     sdists: dict[str, Link] = {}
     for link in links:
+        # The sum first: a project's page lists thousands of files, and a set lookup spares parsing their names.
+        if link.sha256 is not None and link.sha256.lower() not in pin.sha256s:
+            continue  # another file (or another build of that version): pip would refuse it too
         parsed = _distribution(link.filename)
         if parsed is None or parsed[0] != pin.name or parsed[1] != Version(pin.version):
             continue
-        if link.sha256 is not None and link.sha256.lower() not in pin.sha256s:
-            continue  # another build of that version: pip would refuse it too
         if parsed[2] is None:
             sdists.setdefault(link.filename, link)
             continue
