@@ -56,18 +56,18 @@ def test_a_host_gone_mid_run_is_named_and_finished_by_retry_failed(fleet, tmp_pa
     run = p40fleet_run(fleet, log, report, "-l", ",".join(HOSTS))
     powered_off = False
     try:
-        caught = trap.wait(run)
-        assert "error" not in caught and not caught["overshot"], caught  # caught midway, not after the end
-        sandbox.power_off(GONE)
-        powered_off = True
-        code = run.wait(timeout=1800)
-    finally:
-        if run.poll() is None:
-            run.kill()
-        if not powered_off:
-            sandbox.power_off(GONE)  # leave it as the rest of the case expects: gone
-    output = log.read_text()
-    try:
+        try:
+            caught = trap.wait(run)
+            assert "error" not in caught and not caught["overshot"], caught  # caught midway, not after the end
+            sandbox.power_off(GONE)
+            powered_off = True
+            code = run.wait(timeout=1800)
+        finally:
+            if run.poll() is None:
+                run.kill()
+            if not powered_off:
+                sandbox.power_off(GONE)  # the trap's frozen task goes with it
+        output = log.read_text()
         assert code == cli.EXIT_HOSTS_UNREACHABLE, output[-4000:]
         first = json.loads(report.read_text())["runs"][-1]
         states = {host: entry["state"] for host, entry in first["hosts"].items()}
@@ -76,6 +76,7 @@ def test_a_host_gone_mid_run_is_named_and_finished_by_retry_failed(fleet, tmp_pa
         for host in HOSTS[:3]:
             assert fleet.exists(host, f"{CUDA}/version.json") and not fleet.exists(host, MARKER), host
     finally:
+        # Back on whatever failed above: the fault suite's later tests run on the whole fleet.
         back = sandbox.power_on(GONE)
     assert back.address
     # Back from the outage: the toolkit it was installing is half there, and its marker says so.
