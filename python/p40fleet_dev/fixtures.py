@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import importlib.util
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from p40fleet.bundle import LinkFinder, hashed_downloads, parse_hashed_requirements
 from p40fleet.fetch import Fetcher, FetchError
@@ -93,8 +94,7 @@ def pip_rounds(entries: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     call a line took 20 of fixtures' 28 s on a fresh clone."""
     rounds: list[tuple[str, list[str], set[str]]] = []
     for kind, requirement in entries:
-        name = re.split(r"[=<>!~;\[ ]", requirement, maxsplit=1)[0]
-        name = re.sub(r"[-_.]+", "-", name).lower()
+        name = canonicalize_name(Requirement(requirement).name)
         for round_kind, requirements, names in rounds:
             if round_kind == kind and name not in names:
                 requirements.append(requirement)

@@ -63,28 +63,27 @@ def session_members(sid):
 
 def signal_session(sid, signum):
     """Signal every process of the session; for SIGSTOP, again until no new one appeared (a fork in between).
-    Whether any process was left to signal is returned."""
+    The processes signalled are returned (none: the session had ended)."""
     done = set()
     while True:
         members = [pid for pid in session_members(sid) if pid not in done]
         if not members:
-            return bool(done)
+            return done
         for pid in members:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
             done.add(pid)
         if signum != signal.SIGSTOP:
-            return True
+            return done
 
 
-def hold_back(sid, cpu, done):
-    """Every process of the session not in `done` at nice 19 on `cpu` alone (children inherit both)."""
-    for pid in session_members(sid):
-        if pid not in done:
-            done.add(pid)
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(pid, {cpu})
-                os.setpriority(os.PRIO_PROCESS, pid, 19)
+def hold_back(pids, cpu, done):
+    """Each of `pids` not in `done` at nice 19 on `cpu` alone (children inherit both)."""
+    for pid in pids - done:
+        done.add(pid)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, {cpu})
+            os.setpriority(os.PRIO_PROCESS, pid, 19)
 
 
 def stopped(pid):
@@ -142,13 +141,13 @@ def main(spec):
         time.sleep(STEP)
     pid, line = found[0]
     sid = os.getsid(pid)
-    signal_session(sid, signal.SIGSTOP)
+    stopped_pids = signal_session(sid, signal.SIGSTOP)
     held = spec["action"] == "freeze"
     if held:
         cpu = min(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpu})
         held_pids = set()
-        hold_back(sid, cpu, held_pids)
+        hold_back(stopped_pids, cpu, held_pids)
     steps, step = 0, spec.get("step", STEP)
     while spec.get("until") and not glob.glob(spec["until"]):
         # Step the frozen task forward until its work reaches the point the case is about.
@@ -156,9 +155,9 @@ def main(spec):
             write(spec["out"], {"pid": pid, "sid": sid, "cmdline": line, "error": "the task ended first"})
             return 1
         time.sleep(step)
-        signal_session(sid, signal.SIGSTOP)
+        stopped_pids = signal_session(sid, signal.SIGSTOP)
         if held:
-            hold_back(sid, cpu, held_pids)  # a process started meanwhile: not all are children of held ones
+            hold_back(stopped_pids, cpu, held_pids)  # one started meanwhile: not all are children of held ones
         steps += 1
     report = {
         "pid": pid,
