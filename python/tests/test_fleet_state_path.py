@@ -221,6 +221,59 @@ def test_removing_a_planted_link_removes_the_link_not_its_target(tree):
     assert not act(owned / "missing-dir" / "token", state="absent")["changed"]
 
 
+def batch(items, check_mode=False, **common):
+    arguments = {"owner": "root", "trusted_owner": OWNER, "mode": "0755", "batch": items, **common}
+    return path_module.run_batch(arguments, check_mode)
+
+
+def test_a_batch_makes_a_tree_in_order_and_a_rerun_changes_nothing(tree):
+    root, _, _ = tree
+    items = [
+        {"path": str(root / "state" / "applied.json"), "state": "absent"},
+        {"path": str(root / "state")},
+        {"path": str(root / "state" / "pristine"), "mode": "0700"},
+        {"path": str(root / "state" / "pristine" / "a.py"), "state": "file", "mode": "0644", "content_base64": "QQ=="},
+        {"path": str(root / "state" / "pristine.json"), "state": "file", "mode": "0644", "content": "{}\n"},
+    ]
+    result = batch(items)
+    assert result["changed"] and [r["changed"] for r in result["results"]] == [False, True, True, True, True]
+    assert snapshot(root / "state")[:2] == (0, 0o755)
+    assert snapshot(root / "state" / "pristine")[:2] == (0, 0o700)
+    assert snapshot(root / "state" / "pristine" / "a.py") == (0, 0o644, b"A")
+    assert not batch(items)["changed"]
+    assert not batch(items, check_mode=True)["changed"]
+
+
+def test_a_batch_stops_at_its_first_refusal_and_each_item_is_checked_as_a_task_would_be(tree):
+    root, owned, system = tree
+    os.symlink(system, owned / "env")
+    items = [
+        {"path": str(root / "made")},
+        {"path": str(owned / "env" / "sudoers"), "state": "file", "owner": OWNER, "content": "owned\n"},
+        {"path": str(root / "never")},
+    ]
+    with pytest.raises(path_module.Refused, match=f"{owned}/env is a symlink"):
+        batch(items)
+    assert (root / "made").is_dir() and not (root / "never").exists()
+    assert snapshot(system / "sudoers")[2] == b"root ALL=(ALL) ALL\n"
+    # Root's directory where the owner controls the parent: refused inside a batch as alone.
+    with pytest.raises(path_module.Refused, match="root's directory would be made in one the env owner controls"):
+        batch([{"path": str(owned / "rootdir")}])
+
+
+def test_a_batch_item_with_a_bad_option_is_named_and_contents_are_never_logged(tree):
+    root, _, _ = tree
+    with pytest.raises(path_module.BatchItemFailed, match="unsupported option") as error:
+        batch([{"path": str(root / "x"), "force": True}])
+    assert error.value.path == str(root / "x")
+    with pytest.raises(ValueError, match="option batch must be a list of dicts"):
+        batch([{"path": str(root / "x"), "batch": []}])
+    shown = path_module.without_content(
+        {"path": "/a", "content": "hf_secret", "batch": [{"path": "/b", "content_base64": "aGZfc2VjcmV0"}]}
+    )
+    assert shown == {"path": "/a", "batch": [{"path": "/b"}]}
+
+
 def test_check_mode_changes_nothing(tree):
     root, owned, _ = tree
     assert act(root / "new", owner=OWNER, check_mode=True)["changed"]

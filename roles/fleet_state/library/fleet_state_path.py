@@ -15,7 +15,9 @@ owner (or any account but root) could have made, and refuses, naming the host, t
 
 What it writes goes to a new file in the opened parent directory (O_EXCL, O_NOFOLLOW), is chowned and chmoded
 through its descriptor and renamed over the destination: a link planted at the last moment is replaced, never
-followed. A plain script in Ansible's JSON-arguments module style, like the probes beside it.
+followed. `batch` makes a tree in one call (one round trip, where a loop made one per path): each item is a request
+of its own, its options over the task's, checked and acted on in order as if it were a task; the first refusal
+stops the batch. A plain script in Ansible's JSON-arguments module style, like the probes beside it.
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ options:
     description: The host's inventory name, for messages.
     type: str
     default: this host
+  batch:
+    description: >-
+      Requests acted on in order, each a dict of the options above over the task's own (path, state, mode,
+      content...), instead of the task's path. The first refusal stops the batch; what came before it stays done.
+    type: list
+    elements: dict
 """
 
 FOLLOW_LIMIT = 40
@@ -395,23 +403,56 @@ def run(params: dict, check_mode: bool) -> dict:
         raise
 
 
+class BatchItemFailed(Exception):
+    """A batch item's bad option or OS error, with the path it was for."""
+
+    def __init__(self, path: object, error: Exception) -> None:
+        super().__init__(str(error))
+        self.path = path
+
+
+def run_batch(arguments: dict, check_mode: bool) -> dict:
+    """Each item of `batch` as its own request, its options over the task's; the first refusal or error stops it."""
+    items = arguments["batch"]
+    if not isinstance(items, list) or not all(isinstance(item, dict) and "batch" not in item for item in items):
+        raise ValueError("option batch must be a list of dicts of this module's options (no batch inside)")
+    common = {key: value for key, value in arguments.items() if key != "batch"}
+    results = []
+    for item in items:
+        try:
+            results.append(run(options({**common, **item}), check_mode))
+        except (ValueError, OSError) as error:
+            raise BatchItemFailed(item.get("path"), error) from error
+    return {"changed": any(result["changed"] for result in results), "results": results}
+
+
+def without_content(arguments: dict) -> dict:
+    """The options as the task log shows them: file contents are never logged."""
+    shown = {k: v for k, v in arguments.items() if k not in ("content", "content_base64", "batch")}
+    if isinstance(arguments.get("batch"), list):
+        shown["batch"] = [without_content(item) if isinstance(item, dict) else item for item in arguments["batch"]]
+    return shown
+
+
 def main() -> None:
     arguments = json.loads(ARGUMENTS)
     check_mode = bool(arguments.get("_ansible_check_mode"))
     host = str(arguments.get("host", "this host"))
     try:
-        params = options(arguments)
-        result = run(params, check_mode)
+        if arguments.get("batch") is not None:
+            result = run_batch(arguments, check_mode)
+        else:
+            result = run(options(arguments), check_mode)
     except Refused as error:
         result = {
             "failed": True,
             "msg": f"{host}: {error}. Root left it as it was. Remove or fix what is named (as root), then rerun.",
         }
+    except BatchItemFailed as error:
+        result = {"failed": True, "msg": f"{host}: fleet_state_path could not act on {error.path}: {error}"}
     except (ValueError, OSError) as error:
         result = {"failed": True, "msg": f"{host}: fleet_state_path could not act on {arguments.get('path')}: {error}"}
-    result["invocation"] = {
-        "module_args": {k: v for k, v in arguments.items() if k not in ("content", "content_base64")}
-    }
+    result["invocation"] = {"module_args": without_content(arguments)}
     print(json.dumps(result))
     sys.exit(1 if result.get("failed") else 0)
 
