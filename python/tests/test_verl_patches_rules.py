@@ -70,3 +70,37 @@ def test_a_forged_probe_list_cannot_name_a_file_the_patch_set_does_not(forged, k
 def test_a_forged_manifest_keeps_only_the_patch_sets_files():
     files = ["verl/a.py"]
     assert rules.verl_patches_only({"verl/a.py": "1" * 64, "../../etc/x": "2" * 64}, files) == {"verl/a.py": "1" * 64}
+
+
+def test_the_pristine_batch_removes_the_record_makes_parents_first_then_the_copies_then_the_manifest():
+    batch = rules.verl_patches_pristine_batch(
+        ["verl/workers/a.py", "verl/b.py"],
+        "/var/lib/p40fleet/verl_patches",
+        {"verl/workers/a.py": "QQ==", "verl/b.py": "Qg=="},
+        '{"files": {}}',
+    )
+    state = "/var/lib/p40fleet/verl_patches"
+    assert batch == [
+        {"path": f"{state}/applied.json", "state": "absent"},
+        *(
+            {"path": path, "state": "directory", "mode": "0755"}
+            for path in (
+                "/var/lib/p40fleet",
+                state,
+                f"{state}/pristine",
+                f"{state}/pristine/verl",
+                f"{state}/pristine/verl/workers",
+            )
+        ),
+        {"path": f"{state}/pristine/verl/workers/a.py", "state": "file", "mode": "0644", "content_base64": "QQ=="},
+        {"path": f"{state}/pristine/verl/b.py", "state": "file", "mode": "0644", "content_base64": "Qg=="},
+        {"path": f"{state}/pristine.json", "state": "file", "mode": "0644", "content": '{"files": {}}\n'},
+    ]
+
+
+def test_the_pristine_batch_takes_only_the_named_copies_and_refuses_one_without_content():
+    # A forged probe output with more content than the patch set names writes nothing more.
+    batch = rules.verl_patches_pristine_batch(["verl/a.py"], "/s", {"verl/a.py": "QQ==", "../../etc/x": "QQ=="}, "{}")
+    assert [item["path"] for item in batch if item["state"] == "file"] == ["/s/pristine/verl/a.py", "/s/pristine.json"]
+    with pytest.raises(AnsibleFilterError, match=r"gave no content for verl/a\.py"):
+        rules.verl_patches_pristine_batch(["verl/a.py"], "/s", {}, "{}")

@@ -13,7 +13,9 @@ the recorded state (pristine manifest, applied record) and the real sha256 of ev
 anchor counts per entry on the content the edit would start from; the files changed since the last run
 (`changed_files`: neither pristine nor as that run left them, so restoring them would destroy someone's
 edit; apply and revert refuse while there are any); and the action the role must take (none, apply,
-revert). Edits are made by ansible.builtin.lineinfile/replace, never here.
+revert); and, for the files apply keeps a first pristine copy of (`new_copies`), their content as read
+(`new_copies_base64`, the manifest's sha256 taken from the same bytes), which root writes into its own state
+directory. Edits are made by the role's verl_patches_edit module, never here.
 
 verify: the post-state: each entry's post-condition count, no anchor or residue left, each file
 compiles (builtin compile(), so no __pycache__ is written into the checkout), pristine copies intact,
@@ -160,6 +162,7 @@ def probe(spec):
         "base": "current",
         "restore": [],
         "new_copies": [],
+        "new_copies_base64": {},
         "manifest_out": {},
         "pristine_files": [],
         "discard": False,
@@ -220,7 +223,12 @@ def probe(spec):
         if not os.path.isfile(path) or sha256(path) != digest:
             result["restore"].append(rel)
     result["new_copies"] = [rel for rel in files if rel not in kept and rel not in result["missing_files"]]
-    result["manifest_out"] = {**kept, **{rel: result["files"][rel] for rel in result["new_copies"]}}
+    copies = {}
+    for rel in result["new_copies"]:
+        with open(os.path.join(spec["source_dir"], rel), "rb") as handle:
+            copies[rel] = handle.read()
+    result["new_copies_base64"] = {rel: base64.b64encode(data).decode("ascii") for rel, data in copies.items()}
+    result["manifest_out"] = {**kept, **{rel: hashlib.sha256(data).hexdigest() for rel, data in copies.items()}}
     result["pristine_files"] = sorted(kept)
     texts = {}
     for rel in files:

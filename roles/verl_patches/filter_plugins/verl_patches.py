@@ -4,8 +4,10 @@
 with the offending entry when absolute, with a `..` or an empty component: root copies these into its own
 state directory). `files | verl_patches_parent_dirs` is every directory those files need under the pristine
 tree, parents first. `probe_list | verl_patches_only(files)` keeps what the probe named that the patch set also
-names, so a forged probe output can only shorten root's work, never point it elsewhere. Unit-tested in
-python/tests/test_verl_patches_rules.py.
+names, so a forged probe output can only shorten root's work, never point it elsewhere.
+`copies | verl_patches_pristine_batch(state_dir, contents, manifest)` is root's one fleet_state_path call for the
+pristine tree: the old applied record removed, the directories (parents first), each copy with the content the
+owner's probe read, the manifest last. Unit-tested in python/tests/test_verl_patches_rules.py.
 """
 
 from ansible.errors import AnsibleFilterError
@@ -43,10 +45,34 @@ def verl_patches_only(found, files):
     return [item for item in found or [] if item in allowed]
 
 
+def verl_patches_pristine_batch(copies, state_dir, contents, manifest):
+    """fleet_state_path requests, in order, for the files in `copies` (already checked against the patch set)."""
+    if not isinstance(manifest, str):
+        raise AnsibleFilterError(f"verl_patches_pristine_batch: the manifest must be JSON text, got {type(manifest)}")
+    missing = [path for path in copies if not isinstance((contents or {}).get(path), str)]
+    if missing:
+        raise AnsibleFilterError(
+            f"the verl_patches probe gave no content for {', '.join(missing)}, which the patch set edits and which "
+            "has no pristine copy yet; nothing was written. Rerun; if it persists, the probe's output is not the tool's"
+        )
+    pristine = f"{state_dir}/pristine"
+    batch = [{"path": f"{state_dir}/applied.json", "state": "absent"}]
+    directories = [state_dir.rsplit("/", 1)[0] or "/", state_dir, pristine]
+    directories += [f"{pristine}/{path}" for path in verl_patches_parent_dirs(copies)]
+    batch += [{"path": path, "state": "directory", "mode": "0755"} for path in directories]
+    batch += [
+        {"path": f"{pristine}/{path}", "state": "file", "mode": "0644", "content_base64": contents[path]}
+        for path in copies
+    ]
+    batch.append({"path": f"{state_dir}/pristine.json", "state": "file", "mode": "0644", "content": manifest + "\n"})
+    return batch
+
+
 class FilterModule:
     def filters(self):
         return {
             "verl_patches_root_files": verl_patches_root_files,
             "verl_patches_parent_dirs": verl_patches_parent_dirs,
             "verl_patches_only": verl_patches_only,
+            "verl_patches_pristine_batch": verl_patches_pristine_batch,
         }
