@@ -1,8 +1,10 @@
 """The GPU runs on record (docs/gpu-runs/) are runs of today's launch script: each record's digest of the overrides
-equals today's rendering of its case, and its patch set is today's. A change to the overrides, the memory tiers or
-the patch set fails here until the GPU check is run again (Makefile `gpu-check`, `gpu-records`).
+equals today's rendering of its case, its patch set is today's, and the verl files it ran are byte for byte what the
+verl_patches role makes of the release today. A change to the overrides, the memory tiers, the patch set or the
+role's edits fails here until the GPU check is run again (Makefile `gpu-check`, `gpu-records`).
 
-No containers, no GPU: the launch_script role renders each case over a local connection (tests/launch_render.py).
+No containers, no GPU: the launch_script role renders each case and verl_patches patches the release over a local
+connection (tests/launch_render.py, tests/gpu/bundle.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.gpu.bundle import patched_verl
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 
@@ -67,6 +70,22 @@ def test_passing_records_ran_every_step_with_today_s_patch_set(records):
             assert 0 < run["torch_peak_reserved_gib"] <= entry["memory_cap_gib"], (name, run)
             assert run["seconds_per_step"] > 0
         assert entry["tf32"] == (entry["dtype"] != "float32")
+
+
+def test_passing_records_ran_the_verl_files_today_s_role_patches(records, tmp_path_factory):
+    """Byte for byte: what verl_patches makes of the release today for each record's profile is what the GPU ran."""
+    work = tmp_path_factory.mktemp("gpu-patched")
+    made = {}
+    for name, entry in records.items():
+        if entry["status"] != "pass":
+            continue
+        profile = CASES[name].profile
+        if profile["name"] not in made:
+            applied = patched_verl(profile, work / "out" / profile["name"], work / profile["name"])
+            made[profile["name"]] = {rel: item["patched_sha256"] for rel, item in applied["files"].items()}
+        assert entry["patched_files"] == made[profile["name"]], (
+            f"{name}: verl_patches now makes other verl files than the GPU ran; run the GPU check again"
+        )
 
 
 def test_refused_records_carry_today_s_reason(records, today):

@@ -1,7 +1,8 @@
 """Write docs/gpu-runs/<case>.json from a GPU check's results (Makefile `gpu-records`).
 
 A record says what ran on which GPU and with what: the date, the GPU, torch, CUDA, the verl version, the patch set,
-the digest of the overrides the script passed to verl (tests/launch_render.py), the memory cap, and per run
+the sha256 of each verl file the patches changed, the digest of the overrides the script passed to verl
+(tests/launch_render.py), the memory cap, and per run
 (`smoke`: the tiny batch, `full_batch`: the rendered batch sizes) the steps done, seconds per step, peak memory and
 the last metrics line. A case whose rendering is refused today is recorded as refused, with the reason and, where
 the GPU check ran its earlier rendering, that run as the evidence. test_gpu_records.py holds each record to
@@ -68,6 +69,11 @@ def record(name: str, today, results: dict, manifest: dict) -> dict:
             "cuda": machine["cuda"],
             "python": machine["python"],
             "patch_set": ran.get("patch_set", ""),
+            # The verl files the run imported, as verl_patches left them (test_gpu_records.py holds today's role to
+            # them: the patch set's id alone does not change when the role's way of editing does).
+            "patched_files": {
+                rel: item["patched_sha256"] for rel, item in (ran.get("patch_record") or {}).get("files", {}).items()
+            },
             "overrides_digest": ran["overrides_digest"],
             "memory_cap_gib": ran["cap_gib"],
             "tf32": ran["dtype"] != "float32",
