@@ -74,18 +74,16 @@ def test_passing_records_ran_every_step_with_today_s_patch_set(records):
 
 def test_passing_records_ran_the_verl_files_today_s_role_patches(records, tmp_path_factory):
     """Byte for byte: what verl_patches makes of the release today for each record's profile is what the GPU ran."""
-    work = tmp_path_factory.mktemp("gpu-patched")
-    made = {}
-    for name, entry in records.items():
-        if entry["status"] != "pass":
-            continue
-        profile = CASES[name].profile
-        if profile["name"] not in made:
-            applied = patched_verl(profile, work / "out" / profile["name"], work / profile["name"])
-            made[profile["name"]] = {rel: item["patched_sha256"] for rel, item in applied["files"].items()}
-        assert entry["patched_files"] == made[profile["name"]], (
-            f"{name}: verl_patches now makes other verl files than the GPU ran; run the GPU check again"
-        )
+    passing = [name for name, entry in records.items() if entry["status"] == "pass"]
+    profiles = {}
+    for name in passing:
+        profiles.setdefault(CASES[name].profile["name"], CASES[name].profile)
+    made = patched_verl(profiles, tmp_path_factory.mktemp("gpu-patched"))
+    for name in passing:
+        _, applied = made[CASES[name].profile["name"]]
+        assert records[name]["patched_files"] == {
+            rel: item["patched_sha256"] for rel, item in applied["files"].items()
+        }, f"{name}: verl_patches now makes other verl files than the GPU ran; run the GPU check again"
 
 
 def test_refused_records_carry_today_s_reason(records, today):

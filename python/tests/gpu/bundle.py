@@ -169,41 +169,34 @@ def wheels(out: Path, python_version: str) -> list[dict]:
     return listed
 
 
-def patched_verl(profile: dict, out: Path, work: Path) -> dict:
-    """verl's sdist patched by the verl_patches role for `profile`, over a local connection; its applied record."""
-    with tarfile.open(UPSTREAM_DIR / "sdist" / f"verl-{VERL_VERSION}.tar.gz") as sdist:
-        sdist.extractall(work, filter="data")
-    source, state = work / f"verl-{VERL_VERSION}", work / "state"
+def patched_verl(profiles: dict[str, dict], work: Path) -> dict[str, tuple[Path, dict]]:
+    """verl's sdist patched by the verl_patches role for each profile, over a local connection, in one playbook run
+    (one local host per profile, side by side): {profile name: (the patched verl/ package, the applied record)}."""
+    hosts = {}
+    for name, profile in profiles.items():
+        with tarfile.open(UPSTREAM_DIR / "sdist" / f"verl-{VERL_VERSION}.tar.gz") as sdist:
+            sdist.extractall(work / name, filter="data")
+        hosts[name] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "ansible_become": False,
+            "verl_patches_source_dir": str(work / name / f"verl-{VERL_VERSION}"),
+            "verl_patches_state_dir": str(work / name / "state"),
+            "verl_patches_python": sys.executable,
+            "verl_patches_profile": profile,
+        }
     inventory = work / "hosts.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "hosts": {
-                        "localhost": {
-                            "ansible_connection": "local",
-                            "ansible_python_interpreter": sys.executable,
-                            "ansible_become": False,
-                        }
-                    }
-                }
-            }
-        )
-    )
-    extra = {
-        "verl_patches_source_dir": str(source),
-        "verl_patches_state_dir": str(state),
-        "verl_patches_python": sys.executable,
-        "verl_patches_profile": profile,
-    }
-    result = run_playbook(
-        PATCH_PLAYBOOK, inventory, extravars=extra, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "f")}
-    )
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    result = run_playbook(PATCH_PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "f")})
     if result.rc != 0:
-        raise SystemExit(f"gpu bundle: verl_patches failed for {profile['name']}:\n{result.stdout[-3000:]}")
-    record = json.loads((state / "applied.json").read_text())
-    shutil.copytree(source / "verl", out / "verl")
-    return record
+        raise SystemExit(f"gpu bundle: verl_patches failed for {', '.join(profiles)}:\n{result.stdout[-3000:]}")
+    return {
+        name: (
+            work / name / f"verl-{VERL_VERSION}" / "verl",
+            json.loads((work / name / "state" / "applied.json").read_text()),
+        )
+        for name in profiles
+    }
 
 
 def build(out: Path, python_version: str) -> dict:
@@ -215,7 +208,15 @@ def build(out: Path, python_version: str) -> dict:
         print("Rendering the launch script for every case")
         rendered, _ = render({name: case.host() for name, case in CASES.items()}, work / "render")
         cases = {}
-        patch_records = {}
+        # Per profile, the first case rendered with it (the patches follow the profile, not the card).
+        profiles = {}
+        for name, case in CASES.items():
+            if not rendered[name].refused:
+                profiles.setdefault(case.profile["name"], case.profile)
+        print(f"Patching verl {VERL_VERSION} for the {', '.join(profiles)} profiles")
+        patched = patched_verl(profiles, work / "patched")
+        for profile, (tree, _) in patched.items():
+            shutil.copytree(tree, out / "verl" / profile)
         for name, case in CASES.items():
             item = rendered[name]
             entry = {
@@ -238,12 +239,9 @@ def build(out: Path, python_version: str) -> dict:
                 for helper in item.script.parent.glob("train_gsm8k_ppo*"):
                     shutil.copy2(helper, dest / helper.name)
                 profile = case.profile["name"]
-                if profile not in patch_records:
-                    print(f"Patching verl {VERL_VERSION} for the {profile} profile")
-                    patch_records[profile] = patched_verl(case.profile, out / "verl" / profile, work / profile)
                 entry["verl_tree"] = f"verl/{profile}"
-                entry["patch_set"] = patch_records[profile]["identity"]["patch_set"]
-                entry["patch_record"] = patch_records[profile]
+                entry["patch_set"] = patched[profile][1]["identity"]["patch_set"]
+                entry["patch_record"] = patched[profile][1]
             cases[name] = entry
         shutil.copytree(SHIM, out / "shim" / "flash_attn")
         (out / "tools").mkdir()
