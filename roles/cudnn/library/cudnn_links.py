@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""Link cuDNN's headers and libraries into the CUDA tree and remove links to another cuDNN, in one call.
+
+It replaced two loops of ansible.builtin.file (state link with force, state absent): one module run per file, and a
+real cuDNN 8.9 archive has about 45 headers and libraries, each one more round trip to every host. The cudnn role
+runs it as root, with the lists its own probe (cudnn_probe.py, root's, read-only) found; the CUDA tree is root's.
+
+- `links`: each {src, dest}; dest becomes a symlink to src unless it already is one. A new link is made beside
+  dest and renamed over it, as the file module's force does: a file or a link there is replaced in one step, a
+  directory is refused.
+- `remove`: links to remove. Only a symlink is removed; anything else there is refused, naming it (the probe lists
+  links only: what is there now is not what it saw).
+Check mode acts on nothing and reports what would change. A plain script in Ansible's JSON-arguments module style,
+like fleet_state_path: no module_utils to unpack per run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import sys
+
+ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
+
+DOCUMENTATION = r"""
+module: cudnn_links
+short_description: Make cuDNN's links into the CUDA tree and remove links to another cuDNN, in one call.
+options:
+  links:
+    description: The links to make, each a dict with src (what the link points to) and dest (the link's path).
+    type: list
+    elements: dict
+    default: []
+  remove:
+    description: Links to remove (absolute paths); anything there that is not a symlink is refused.
+    type: list
+    elements: str
+    default: []
+  host:
+    description: The host's inventory name, for messages.
+    type: str
+    default: this host
+"""
+
+
+class Refused(Exception):
+    """A path that is not what the probe saw: the message names it and what is there."""
+
+
+def absolute(path: object, what: str) -> str:
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise ValueError(f"{what} must be an absolute path, got {path!r}")
+    return path
+
+
+def options(arguments: dict) -> dict:
+    links = arguments.get("links") or []
+    remove = arguments.get("remove") or []
+    if not isinstance(links, list) or not all(isinstance(link, dict) for link in links):
+        raise ValueError("option links must be a list of {src, dest} dicts")
+    if not isinstance(remove, list):
+        raise ValueError("option remove must be a list of paths")
+    return {
+        "links": [
+            (absolute(link.get("src"), "a link's src"), absolute(link.get("dest"), "a link's dest")) for link in links
+        ],
+        "remove": [absolute(path, "a path to remove") for path in remove],
+    }
+
+
+def remove_link(path: str, check_mode: bool) -> bool:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISLNK(info.st_mode):
+        raise Refused(f"{path} is no longer a link (found mode {stat.filemode(info.st_mode)}): left as it is")
+    if not check_mode:
+        os.unlink(path)
+    return True
+
+
+def make_link(src: str, dest: str, check_mode: bool) -> bool:
+    try:
+        info = os.lstat(dest)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode) and os.readlink(dest) == src:
+            return False
+        if stat.S_ISDIR(info.st_mode):
+            raise Refused(f"{dest} is a directory, where a link to {src} belongs: left as it is")
+    if check_mode:
+        return True
+    directory, name = os.path.split(dest)
+    temp = os.path.join(directory, f".{name}.p40fleet-{os.getpid()}")
+    os.symlink(src, temp)
+    try:
+        os.replace(temp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return True
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    removed = [path for path in params["remove"] if remove_link(path, check_mode)]
+    linked = [dest for src, dest in params["links"] if make_link(src, dest, check_mode)]
+    return {"changed": bool(removed or linked), "removed": removed, "linked": linked}
+
+
+def main() -> None:
+    arguments = json.loads(ARGUMENTS)
+    host = str(arguments.get("host", "this host"))
+    try:
+        result = run(options(arguments), bool(arguments.get("_ansible_check_mode")))
+    except Refused as error:
+        result = {"failed": True, "msg": f"{host}: {error}. Remove or move it (as root), then rerun the cudnn role."}
+    except (ValueError, OSError) as error:
+        result = {"failed": True, "msg": f"{host}: cudnn_links could not link cuDNN into the CUDA tree: {error}"}
+    result["invocation"] = {"module_args": {k: v for k, v in arguments.items() if not k.startswith("_ansible_")}}
+    print(json.dumps(result))
+    sys.exit(1 if result.get("failed") else 0)
+
+
+if __name__ == "__main__":
+    main()
