@@ -237,6 +237,9 @@ def test_a_batch_makes_a_tree_in_order_and_a_rerun_changes_nothing(tree):
     ]
     result = batch(items)
     assert result["changed"] and [r["changed"] for r in result["results"]] == [False, True, True, True, True]
+    # A plain path is a request with the task's options.
+    assert batch([str(root / "state" / "plain")], mode="0750")["changed"]
+    assert snapshot(root / "state" / "plain")[:2] == (0, 0o750)
     assert snapshot(root / "state")[:2] == (0, 0o755)
     assert snapshot(root / "state" / "pristine")[:2] == (0, 0o700)
     assert snapshot(root / "state" / "pristine" / "a.py") == (0, 0o644, b"A")
@@ -266,8 +269,10 @@ def test_a_batch_item_with_a_bad_option_is_named_and_contents_are_never_logged(t
     with pytest.raises(path_module.BatchItemFailed, match="unsupported option") as error:
         batch([{"path": str(root / "x"), "force": True}])
     assert error.value.path == str(root / "x")
-    with pytest.raises(ValueError, match="option batch must be a list of dicts"):
+    with pytest.raises(ValueError, match="option batch must be a list of paths or dicts"):
         batch([{"path": str(root / "x"), "batch": []}])
+    with pytest.raises(ValueError, match="option batch must be a list of paths or dicts"):
+        batch([7])
     shown = path_module.without_content(
         {"path": "/a", "content": "hf_secret", "batch": [{"path": "/b", "content_base64": "aGZfc2VjcmV0"}]}
     )

@@ -78,9 +78,9 @@ options:
   batch:
     description: >-
       Requests acted on in order, each a dict of the options above over the task's own (path, state, mode,
-      content...), instead of the task's path. The first refusal stops the batch; what came before it stays done.
+      content...) or a path (the task's options), instead of the task's path. The first refusal stops the batch;
+      what came before it stays done.
     type: list
-    elements: dict
 """
 
 FOLLOW_LIMIT = 40
@@ -414,8 +414,12 @@ class BatchItemFailed(Exception):
 def run_batch(arguments: dict, check_mode: bool) -> dict:
     """Each item of `batch` as its own request, its options over the task's; the first refusal or error stops it."""
     items = arguments["batch"]
-    if not isinstance(items, list) or not all(isinstance(item, dict) and "batch" not in item for item in items):
-        raise ValueError("option batch must be a list of dicts of this module's options (no batch inside)")
+    if not isinstance(items, list):
+        raise ValueError("option batch must be a list of paths or dicts of this module's options")
+    # A plain path is a request with the task's options.
+    items = [{"path": item} if isinstance(item, str) else item for item in items]
+    if not all(isinstance(item, dict) and "batch" not in item for item in items):
+        raise ValueError("option batch must be a list of paths or dicts of this module's options (no batch inside)")
     common = {key: value for key, value in arguments.items() if key != "batch"}
     results = []
     for item in items:
