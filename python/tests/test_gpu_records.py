@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.gpu.bundle import patched_verl
+from tests.gpu.bundle import patched_sha256s, patched_verl, profiles_of
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 
@@ -75,15 +75,12 @@ def test_passing_records_ran_every_step_with_today_s_patch_set(records):
 def test_passing_records_ran_the_verl_files_today_s_role_patches(records, tmp_path_factory):
     """Byte for byte: what verl_patches makes of the release today for each record's profile is what the GPU ran."""
     passing = [name for name, entry in records.items() if entry["status"] == "pass"]
-    profiles = {}
-    for name in passing:
-        profiles.setdefault(CASES[name].profile["name"], CASES[name].profile)
-    made = patched_verl(profiles, tmp_path_factory.mktemp("gpu-patched"))
+    made = patched_verl(profiles_of(passing), tmp_path_factory.mktemp("gpu-patched"))
     for name in passing:
         _, applied = made[CASES[name].profile["name"]]
-        assert records[name]["patched_files"] == {
-            rel: item["patched_sha256"] for rel, item in applied["files"].items()
-        }, f"{name}: verl_patches now makes other verl files than the GPU ran; run the GPU check again"
+        assert records[name]["patched_files"] == patched_sha256s(applied), (
+            f"{name}: verl_patches now makes other verl files than the GPU ran; run the GPU check again"
+        )
 
 
 def test_refused_records_carry_today_s_reason(records, today):

@@ -169,6 +169,20 @@ def wheels(out: Path, python_version: str) -> list[dict]:
     return listed
 
 
+def profiles_of(names) -> dict[str, dict]:
+    """The GPU profiles of these cases, by name, each as the first of them rendered with it has it (the patches
+    follow the profile, not the card): what the bundle patches for, and so what a record's run imported."""
+    profiles = {}
+    for name in names:
+        profiles.setdefault(CASES[name].profile["name"], CASES[name].profile)
+    return profiles
+
+
+def patched_sha256s(applied: dict) -> dict[str, str]:
+    """{file: sha256} of the files verl_patches changed, from its applied record."""
+    return {rel: item["patched_sha256"] for rel, item in applied.get("files", {}).items()}
+
+
 def patched_verl(profiles: dict[str, dict], work: Path) -> dict[str, tuple[Path, dict]]:
     """verl's sdist patched by the verl_patches role for each profile, over a local connection, in one playbook run
     (one local host per profile, side by side): {profile name: (the patched verl/ package, the applied record)}."""
@@ -208,11 +222,7 @@ def build(out: Path, python_version: str) -> dict:
         print("Rendering the launch script for every case")
         rendered, _ = render({name: case.host() for name, case in CASES.items()}, work / "render")
         cases = {}
-        # Per profile, the first case rendered with it (the patches follow the profile, not the card).
-        profiles = {}
-        for name, case in CASES.items():
-            if not rendered[name].refused:
-                profiles.setdefault(case.profile["name"], case.profile)
+        profiles = profiles_of(name for name in CASES if not rendered[name].refused)
         print(f"Patching verl {VERL_VERSION} for the {', '.join(profiles)} profiles")
         patched = patched_verl(profiles, work / "patched")
         for profile, (tree, _) in patched.items():

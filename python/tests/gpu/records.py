@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.gpu.bundle import patched_sha256s
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 
@@ -71,9 +72,7 @@ def record(name: str, today, results: dict, manifest: dict) -> dict:
             "patch_set": ran.get("patch_set", ""),
             # The verl files the run imported, as verl_patches left them (test_gpu_records.py holds today's role to
             # them: the patch set's id alone does not change when the role's way of editing does).
-            "patched_files": {
-                rel: item["patched_sha256"] for rel, item in (ran.get("patch_record") or {}).get("files", {}).items()
-            },
+            "patched_files": patched_sha256s(ran.get("patch_record") or {}),
             "overrides_digest": ran["overrides_digest"],
             "memory_cap_gib": ran["cap_gib"],
             "tf32": ran["dtype"] != "float32",
