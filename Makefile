@@ -18,6 +18,10 @@ SANDBOX_COMMANDS := podman runc debootstrap apt-ftparchive gpg
 # Tests only: headless Chromium renders the HTML fleet report into a screenshot.
 TEST_SYSTEM_PACKAGES := chromium
 TEST_COMMANDS := chromium
+# What of a set is missing, each name after a space (empty when all is there): shell expansions for the deps
+# targets' recipes, one home for each installed check.
+missing_commands = $$(for cmd in $(1); do command -v $$cmd >/dev/null || printf ' %s' $$cmd; done)
+missing_controller = $(call missing_commands,$(CONTROLLER_COMMANDS))$$([ -f $(CA_BUNDLE) ] || printf ' ca-certificates')
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
@@ -36,8 +40,7 @@ help:
 deps: controller-deps venv
 
 controller-deps:
-	@missing=""; for cmd in $(CONTROLLER_COMMANDS); do command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
-	[ -f $(CA_BUNDLE) ] || missing="$$missing ca-certificates"; \
+	@missing="$(missing_controller)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing system packages (missing:$$missing)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CONTROLLER_PACKAGES); \
@@ -47,15 +50,14 @@ controller-deps:
 sandbox-deps: deps sandbox-system-deps fixtures
 
 sandbox-system-deps:
-	@missing=""; for cmd in $(SANDBOX_COMMANDS); do \
-	  command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
+	@missing="$(call missing_commands,$(SANDBOX_COMMANDS))"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing the sandbox's system packages (missing:$$missing)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SANDBOX_PACKAGES); \
 	fi
 
 test-deps:
-	@missing=""; for cmd in $(TEST_COMMANDS); do command -v $$cmd >/dev/null || missing="$$missing $$cmd"; done; \
+	@missing="$(call missing_commands,$(TEST_COMMANDS))"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing test-only system packages (missing:$$missing)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -68,11 +70,8 @@ test-deps:
 # machine 38 s, where the sandbox's and the tests' packages, each with its own `apt-get update`, after the venv
 # took 46 s.
 system-test-deps:
-	@controller=""; sandbox=""; tests=""; \
-	for cmd in $(CONTROLLER_COMMANDS); do command -v $$cmd >/dev/null || controller=1; done; \
-	[ -f $(CA_BUNDLE) ] || controller=1; \
-	for cmd in $(SANDBOX_COMMANDS); do command -v $$cmd >/dev/null || sandbox=1; done; \
-	for cmd in $(TEST_COMMANDS); do command -v $$cmd >/dev/null || tests=1; done; \
+	@controller="$(missing_controller)"; sandbox="$(call missing_commands,$(SANDBOX_COMMANDS))"; \
+	tests="$(call missing_commands,$(TEST_COMMANDS))"; \
 	if [ -n "$$controller$$sandbox$$tests" ]; then \
 	  echo "Installing system packages:$${controller:+ $(CONTROLLER_PACKAGES)}$${sandbox:+ $(SANDBOX_PACKAGES)}$${tests:+ $(TEST_SYSTEM_PACKAGES)}"; \
 	  apt-get update -qq || exit 1; \
