@@ -190,9 +190,10 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
     fleet.sh("node1", "rm -rf /opt/p40fleet/models")
     password = fleet.password_file.read_text().strip()
     report = tmp_path_factory.mktemp("first-converge") / "report.json"
-    # Each run's private dir (artifacts, the command, job events) is under p40fleet's state directory.
-    runs = StateDir().root
-    before = set(runs.glob("inventories/*/runs/*"))
+    # Each run's private dir (artifacts, the command, job events) is under p40fleet's state directory, in this
+    # inventory's own directory: other workers' runs, still writing their events, are in other inventories' dirs.
+    runs = StateDir().inventory(fleet.inventory).runs_dir
+    before = set(runs.glob("*"))
     sampler = ProcessSampler([token.encode(), password.encode()], [fleet.sandbox.host("node1").container])
     sampler.start()
     console = io.StringIO()
@@ -221,7 +222,7 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
     # that run before case 10's tests would rotate these away.
     kept = tmp_path_factory.mktemp("first-converge-runs")
     run_dirs = []
-    for path in sorted(set(runs.glob("inventories/*/runs/*")) - before):
+    for path in sorted(set(runs.glob("*")) - before):
         run_dirs.append(kept / path.parent.parent.name / path.name)
         shutil.copytree(path, run_dirs[-1], symlinks=True)
     return FirstConverge(code, console.getvalue(), report, run_dirs, sampler, token, password, hub)
