@@ -10,12 +10,15 @@ connection (tests/launch_render.py, tests/gpu/bundle.py).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.gpu.bundle import patched_sha256s, patched_verl, profiles_of
+from tests.gpu.bundle import patched_sha256s, patched_verl, place_verl, profiles_of
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 
@@ -81,6 +84,20 @@ def test_passing_records_ran_the_verl_files_today_s_role_patches(records, tmp_pa
         assert records[name]["patched_files"] == patched_sha256s(applied), (
             f"{name}: verl_patches now makes other verl files than the GPU ran; run the GPU check again"
         )
+    # And the bundle puts them where the trainer imports them from: run_check.py's PYTHONPATH entry for a case is
+    # the bundle's verl_tree, which must hold the package (a tree copied one level too high ran nothing).
+    bundle = tmp_path_factory.mktemp("gpu-bundle")
+    for profile, (tree, _) in made.items():
+        entry = place_verl(tree, bundle, profile)
+        found = subprocess.run(
+            [sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('verl').origin)"],
+            env={"PYTHONPATH": str(bundle / entry), "PATH": os.environ["PATH"]},
+            cwd=bundle,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert found == str(bundle / entry / "verl" / "__init__.py"), (profile, found)
 
 
 def test_refused_records_carry_today_s_reason(records, today):

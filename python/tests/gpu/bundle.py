@@ -213,6 +213,14 @@ def patched_verl(profiles: dict[str, dict], work: Path) -> dict[str, tuple[Path,
     }
 
 
+def place_verl(tree: Path, out: Path, profile: str) -> str:
+    """Copy a patched verl/ package into the bundle at out; return the PYTHONPATH entry, relative to the bundle, that
+    run_check.py puts first for the profile's cases: the directory holding `verl/`, not the package itself."""
+    entry = f"verl/{profile}"
+    shutil.copytree(tree, out / entry / "verl")
+    return entry
+
+
 def build(out: Path, python_version: str) -> dict:
     if out.exists():
         shutil.rmtree(out)
@@ -225,8 +233,7 @@ def build(out: Path, python_version: str) -> dict:
         profiles = profiles_of(name for name in CASES if not rendered[name].refused)
         print(f"Patching verl {VERL_VERSION} for the {', '.join(profiles)} profiles")
         patched = patched_verl(profiles, work / "patched")
-        for profile, (tree, _) in patched.items():
-            shutil.copytree(tree, out / "verl" / profile)
+        verl_trees = {profile: place_verl(tree, out, profile) for profile, (tree, _) in patched.items()}
         for name, case in CASES.items():
             item = rendered[name]
             entry = {
@@ -249,7 +256,7 @@ def build(out: Path, python_version: str) -> dict:
                 for helper in item.script.parent.glob("train_gsm8k_ppo*"):
                     shutil.copy2(helper, dest / helper.name)
                 profile = case.profile["name"]
-                entry["verl_tree"] = f"verl/{profile}"
+                entry["verl_tree"] = verl_trees[profile]
                 entry["patch_set"] = patched[profile][1]["identity"]["patch_set"]
                 entry["patch_record"] = patched[profile][1]
             cases[name] = entry

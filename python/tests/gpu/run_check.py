@@ -305,6 +305,9 @@ def main(argv=None) -> int:
             if case["refused"]:
                 report["cases"][name] = {"refused": case["refused"]}
                 continue
+            # The trainer runs `python -m verl.trainer.main_ppo` with this entry first on PYTHONPATH.
+            if not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
+                raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
             script = install_case(args.bundle, name, case, home, manifest["render_root"])
             smoke = args.smoke_steps or case["smoke_steps"]
             full = args.full_steps if args.full_steps is not None else case["full_steps"]
