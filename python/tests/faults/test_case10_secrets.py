@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -64,6 +65,16 @@ def test_no_file_on_the_controller_holds_either_secret(fleet, first_converge):
     assert any(p.name == "stdout" for d in run.run_dirs for p in d.rglob("*"))
     given = {fleet.inventory / "host_vars" / "node1.yml", fleet.password_file}  # the user's own inputs
     places = [*run.run_dirs, run.report_path, fleet.sandbox.dir, Path.home() / ".ansible"]
+    # The search finds what is there: a file two directories down, and nothing the skip list names.
+    planted = secrets.token_hex(16).encode()
+    probe = fleet.sandbox.dir / "faults-probe" / "deeper" / "file"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_bytes(b"x" + planted + b"x")
+    try:
+        assert find_files_holding(places, [planted], skip=given) == [str(probe)]
+        assert find_files_holding(places, [planted], skip={*given, probe}) == []
+    finally:
+        shutil.rmtree(probe.parent.parent)
     assert find_files_holding(places, [run.token.encode(), run.password.encode()], skip=given) == []
     assert run.token not in run.console and run.password not in run.console
     assert "node1" in run.console  # the console output searched is the run's

@@ -107,11 +107,24 @@ class ProcessSampler:
 
 
 def find_files_holding(roots: list[Path], needles: list[bytes], skip: set[Path] = frozenset()) -> list[str]:
-    """Files under `roots` (controller side) holding any needle."""
+    """Files under `roots` (controller side) holding any needle. Other xdist workers' Ansible runs make and remove
+    directories under ~/.ansible while this walks it: one gone before its listing is skipped (rglob raised), any
+    other error is raised."""
+
+    def gone_only(error: OSError) -> None:
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
     found = []
     for root in roots:
-        paths = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+        if root.is_file():
+            paths = [root]
+        else:
+            walked = os.walk(root, onerror=gone_only)
+            paths = (Path(top, name) for top, _, names in walked for name in names)
         for path in paths:
+            if not path.is_file() or path.is_symlink():
+                continue
             if path in skip:
                 continue
             try:
