@@ -55,6 +55,10 @@ IMAGE_PACKAGES = ("python3", "python3-apt", "openssh-server", "sudo")
 # extensions against that python's headers (a real conda env has both itself).
 STANDIN_PACKAGES = ("python3-venv", "python3-dev")
 HOST_PREREQS_VARS = ROLES_DIR / "host_prereqs" / "vars"
+# dpkg's fsync after each file it unpacks guards against the machine losing power mid-install. A sandbox host is a
+# container on the build machine's kernel: a stopped or killed container loses nothing the page cache holds, so the
+# syncs only cost time (host_prereqs' compilers: 15.1 s to 12.6 s a host). The usual setting of container images.
+DPKG_SPEEDUP = "force-unsafe-io"
 MIRROR_PORT = 8080
 APT_PORT = 8081
 APT_HOSTNAME = "p40fleet-apt"
@@ -232,6 +236,7 @@ def image_recipe_hash(os_name: str = DEFAULT_OS) -> str:
     digest = hashlib.sha256()
     digest.update(f"{OS_RELEASES[os_name][0]}\n{' '.join(IMAGE_PACKAGES)}\n{SSHD_COMMAND}\nown-host-keys\n".encode())
     digest.update(f"login-user {LOGIN_USER}\n".encode())
+    digest.update(f"dpkg {DPKG_SPEEDUP}\n".encode())
     digest.update(f"apt {' '.join(repo_packages(os_name))} {fingerprint} {APT_HOSTNAME}:{APT_PORT}\n".encode())
     digest.update((host_standins() / "nvidia-smi").read_bytes())
     return digest.hexdigest()[:16]
@@ -385,6 +390,7 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
             standin.parent.mkdir(parents=True)
             shutil.copy2(host_standins() / "nvidia-smi", standin)
             standin.chmod(0o755)
+            (rootfs / "etc/dpkg/dpkg.cfg.d/p40fleet-sandbox-speedup").write_text(DPKG_SPEEDUP + "\n")
             (rootfs / "etc/p40fleet-sandbox").mkdir()
             # Each host makes its own SSH host keys at first start, as a real host has its own.
             for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
