@@ -292,6 +292,12 @@ def main(argv=None) -> int:
     ROOT.mkdir(parents=True, exist_ok=True)
     for part in ("shim", "verl"):
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
+    # Before the data, the model or any case is made: the trainer runs `python -m verl.trainer.main_ppo` with the
+    # case's verl_tree first on PYTHONPATH, so the package must be right under it.
+    for name in wanted:
+        case = manifest["cases"][name]
+        if not case["refused"] and not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
+            raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
     (ROOT / "site").mkdir(exist_ok=True)
     (ROOT / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     report["data"] = make_data(args.bundle)
@@ -305,9 +311,6 @@ def main(argv=None) -> int:
             if case["refused"]:
                 report["cases"][name] = {"refused": case["refused"]}
                 continue
-            # The trainer runs `python -m verl.trainer.main_ppo` with this entry first on PYTHONPATH.
-            if not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
-                raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
             script = install_case(args.bundle, name, case, home, manifest["render_root"])
             smoke = args.smoke_steps or case["smoke_steps"]
             full = args.full_steps if args.full_steps is not None else case["full_steps"]
