@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name
 from p40fleet.bundle import LinkFinder, hashed_downloads, parse_hashed_requirements
 from p40fleet.fetch import Fetcher, FetchError
 from p40fleet.paths import ROLES_DIR
-from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
+from p40fleet_dev.paths import CACHE_DIR, FIXTURES_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR, UPSTREAM_LIST
 
 # The modules that build the stand-ins, one per artifact.
 BUILDERS_DIR = STANDINS_DIR / "artifacts"
@@ -40,6 +40,8 @@ VERL_LOCKS_DIR = ROLES_DIR / "verl" / "files"
 # the verl release the sandbox installs: together they pick the lock whose real wheels the mirror serves.
 SANDBOX_PYTHON = "3.11"
 SANDBOX_VERL = "0.4.1"
+# torch for the CPU venv (p40fleet_dev/cpu_venv.py), with the sandbox's verl lock: the hosts' stack on a CPU.
+CPU_TORCH_LOCK = FIXTURES_DIR / "cpu-torch-2.6.0-py311.lock.txt"
 # Where the locks' files come from: PyPI's simple API, as pip reads it.
 PYPI_SIMPLE = "https://pypi.org/simple"
 
@@ -72,14 +74,16 @@ def upstream_requirements() -> list[tuple[str, str]]:
 
 
 def fetch_upstream() -> Path:
-    """Download every listed file once, and the files of the sandbox's verl lock; what is there is kept.
+    """Download every listed file once, the files of the sandbox's verl lock and of the CPU venv's torch lock, and
+    p40fleet's own dependencies; what is there is kept.
 
-    The three sets go side by side (each into its own directory, each with its own stamp): their time is mostly
-    the downloads' (316 MB from PyPI on a fresh clone), and CI waits for them before the first test."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    The sets go side by side (each into its own directory, each with its own stamp): their time is mostly the
+    downloads' (316 MB from PyPI on a fresh clone, and torch's 3 GB), and CI waits for them before the first test."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
         futures = [
             pool.submit(_fetch_listed),
             pool.submit(fetch_locked_wheels, sandbox_verl_lock()),
+            pool.submit(fetch_locked_wheels, CPU_TORCH_LOCK),
             pool.submit(fetch_package_dependencies),
         ]
     for future in futures:

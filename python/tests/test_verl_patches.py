@@ -62,6 +62,8 @@ COVERED = [
 
 # The edited lines a Pascal host must end up with in verl 0.4.1 (file, line number, text), read from
 # the release: the anchors in FACTS.md's list, plus the Triton cross-entropy switch.
+# The lines a host's verl 0.4.1 must lose (file, line number in the release, text): generate() derives the positions.
+REMOVED_LINES_041 = [("verl/workers/rollout/hf_rollout.py", 113, "                position_ids=position_ids,")]
 PASCAL_LINES_041 = [
     (
         "verl/workers/actor/dp_actor.py",
@@ -223,6 +225,9 @@ def assert_pascal_041(ws: Workspace, pristine: Path) -> None:
     assert set(before) == set(after)
     for rel in COVERED:
         old, new = (pristine / rel).read_text().splitlines(), ws.read(rel).splitlines()
+        removed = {n: text for r, n, text in REMOVED_LINES_041 if r == rel}
+        assert all(old[n - 1] == text for n, text in removed.items()), rel
+        old = [line for number, line in enumerate(old, start=1) if number not in removed]
         changed = {i + 1 for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b}
         assert changed == {n for r, n, _ in PASCAL_LINES_041 if r == rel}, rel
 
@@ -234,7 +239,7 @@ def test_apply_reapply_verify_and_revert_on_verl_041(ws, play, releases):
     assert_pascal_041(ws, releases["0.4.1"])
 
     record = ws.record()
-    assert record["identity"]["patch_set"] == "verl-0.4.1-r2"
+    assert record["identity"]["patch_set"] == "verl-0.4.1-r3"
     assert record["identity"]["verl_version"] == "0.4.1"
     assert record["identity"]["profile"]["name"] == "pascal"
     assert sorted(record["files"]) == sorted(COVERED)
@@ -317,7 +322,7 @@ def test_upgrade_to_050_reapplies_and_reverts_to_the_new_release(ws, play, relea
     ws.load(releases["0.5.0"])  # the verl role replaced the checkout
     upgraded = play(ws)
     assert upgraded.rc == 0, messages(upgraded)
-    assert ws.record()["identity"]["patch_set"] == "verl-0.5.0-r1"
+    assert ws.record()["identity"]["patch_set"] == "verl-0.5.0-r2"
     assert json.loads((ws.state / "pristine.json").read_text())["verl_version"] == "0.5.0"
     for rel in COVERED:
         assert sha256(ws.state / "pristine" / rel) == sha256(releases["0.5.0"] / rel)
@@ -329,11 +334,11 @@ def test_upgrade_to_050_reapplies_and_reverts_to_the_new_release(ws, play, relea
     assert tree_digest(ws.src) == tree_digest(releases["0.5.0"])
 
 
-def test_volta_gets_fp16_and_sdpa_then_a_card_swap_repatches(ws, play, releases):
+def test_volta_gets_fp32_autocast_and_sdpa_then_a_card_swap_repatches(ws, play, releases):
     volta = play(ws, profile=VOLTA)
     assert volta.rc == 0, messages(volta)
     assert ws.read("verl/workers/actor/dp_actor.py").splitlines()[99] == (
-        "        with torch.autocast(device_type=self.device_name, dtype=torch.float16):"
+        "        with torch.autocast(device_type=self.device_name, dtype=torch.float16, enabled=False):"
     )
     assert ws.read("verl/utils/model.py").count('attn_implementation="sdpa"') == 2
     assert 'mixed_precision_config.get("param_dtype", "fp16")' in ws.read("verl/workers/fsdp_workers.py")
