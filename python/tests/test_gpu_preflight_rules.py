@@ -139,12 +139,14 @@ PATHS = [
     "/scratch/tmp",
     "/scratch/miniconda3",
     "/scratch/downloads",
+    "/home",
 ]
 
 
 CUDA_MARKER = f"{CUDA_HOME}/version.json"
 CUDNN_MARKER = "/usr/local/cudnn-8.9.7-cuda11/include/cudnn_version.h"
 CONDA_MARKER = "/opt/miniconda3/.p40fleet-installer.sha256"
+CHECKPOINT_MARKER = "/home/p40fleet/verl-runs/checkpoints"
 
 
 def disks(filesystems: dict[str, float]) -> list[dict]:
@@ -362,15 +364,31 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
                 f"too little disk: {CUDA_HOME} (CUDA 11.8 toolkit, cuda_toolkit_home, 7 GiB) + "
                 "/var/tmp/p40fleet (CUDA runfile extraction, cuda_toolkit_tmpdir, 10 GiB) + ",
                 "/opt/miniconda3 (Miniconda and the verl env, conda_env_install_prefix, 20 GiB)",
-                " on the filesystem of /: 40.0 GiB free; required: 47 GiB free there;",
+                "/home (PPO checkpoints, 2 kept of about 12 GiB, launch_script_work_dir, 24 GiB)",
+                " on the filesystem of /: 40.0 GiB free; required: 71 GiB free there;",
             ],
         ),
     ),
     # A converged host: the space its stages use is in use already, not needed again.
     "converged_host_on_a_full_disk": (
-        report(filesystems={"/": 2}, present={CUDA_MARKER: True, CUDNN_MARKER: True, CONDA_MARKER: True}),
+        report(
+            filesystems={"/": 2},
+            present={CUDA_MARKER: True, CUDNN_MARKER: True, CONDA_MARKER: True, CHECKPOINT_MARKER: True},
+        ),
         {},
         ("accepted", "pascal"),
+    ),
+    # Provisioned but never trained: its checkpoints still need their space.
+    "converged_host_without_room_for_checkpoints": (
+        report(filesystems={"/": 20}, present={CUDA_MARKER: True, CUDNN_MARKER: True, CONDA_MARKER: True}),
+        {},
+        (
+            "refused",
+            [
+                "too little disk: /home (PPO checkpoints, 2 kept of about 12 GiB, launch_script_work_dir, 24 GiB) "
+                "on the filesystem of /: 20.0 GiB free; required: 24 GiB free there;",
+            ],
+        ),
     ),
     # Only the toolkit is there: cuDNN and the env still need their space.
     "toolkit_installed_rest_needs_space": (
@@ -382,7 +400,8 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
                 "too little disk: /usr/local/cudnn-8.9.7-cuda11 (cuDNN 8.9.7, cudnn_prefix, 3 GiB) + /var/tmp/p40fleet "
                 "(cuDNN tarball download, cudnn_download_dir, 1 GiB) + /opt/miniconda3 (Miniconda and the verl env, "
                 "conda_env_install_prefix, 20 GiB) + /var/tmp/p40fleet (Miniconda installer download, "
-                "conda_env_download_dir, 1 GiB) on the filesystem of /: 20.0 GiB free; required: 25 GiB free there;",
+                "conda_env_download_dir, 1 GiB) + /home (PPO checkpoints, 2 kept of about 12 GiB, "
+                "launch_script_work_dir, 24 GiB) on the filesystem of /: 20.0 GiB free; required: 49 GiB free there;",
             ],
         ),
     ),
@@ -508,13 +527,13 @@ def test_strict_false_from_the_command_line_turns_soft_findings_into_warnings(tm
 def test_disk_checks_follow_the_other_roles_defaults():
     """The fallbacks preflight uses when the inventory sets nothing are the roles' own defaults."""
     defaults = {}
-    for role in ("cuda_toolkit", "cudnn", "conda_env"):
+    for role in ("cuda_toolkit", "cudnn", "conda_env", "launch_script"):
         defaults.update(yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text()))
     checks = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["gpu_preflight_disk_checks"]
     fallbacks = [FALLBACK.fullmatch(check["path"]) for check in checks]
     assert all(fallbacks), [check["path"] for check in checks]
     for match in fallbacks:
-        assert fleet_value(defaults[match[1]]) == fallback(match), match[0]
+        assert fleet_value(defaults[match[1]]) == ("" if match[4] else fallback(match)), match[0]
     assert {m[1] for m in fallbacks} >= {
         "cuda_toolkit_home",
         "cuda_toolkit_tmpdir",
@@ -522,6 +541,7 @@ def test_disk_checks_follow_the_other_roles_defaults():
         "conda_env_install_prefix",
         "cudnn_download_dir",
         "conda_env_download_dir",
+        "launch_script_work_dir",
     }
 
 
@@ -532,7 +552,8 @@ ASSESS = load_module(ROLE / "filter_plugins" / "gpu_preflight.py", "gpu_prefligh
 ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 # `{{ var | default('literal') }}` or `{{ var | default(p40fleet_fact) }}` (roles/p40fleet_defaults).
-FALLBACK = re.compile(r"\{\{ (\w+) \| default\(('([^']+)'|p40fleet_\w+)\) \}\}")
+# `, true`: the role's default is empty ("derive it"), and preflight checks the literal where it is.
+FALLBACK = re.compile(r"\{\{ (\w+) \| default\(('([^']+)'|p40fleet_\w+)(, true)?\) \}\}")
 FLEET_FACT = re.compile(r"\{\{ (p40fleet_\w+) \}\}")
 
 

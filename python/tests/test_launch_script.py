@@ -198,30 +198,87 @@ def test_settings_follow_each_profile(rendered):
     # Without vLLM in the env every profile generates with hf.
     assert a100["actor_rollout_ref.rollout.name"] == "hf" and "actor_rollout_ref.rollout.dtype" not in a100
     assert a100["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "bf16"
-    assert a100["actor_rollout_ref.model.use_remove_padding"] == "True"
+    # p40fleet's flash_attn is a shim (no FlashAttention-2 for CUDA 11.8): no packed-sequence path on any profile.
+    assert a100["actor_rollout_ref.model.use_remove_padding"] == "False"
     assert a100["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
     assert p40["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "4"
     # Extra overrides from group and host come last, in that order.
     assert rendered["p40x2"]["overrides"][-2:] == ["trainer.val_before_train=False", "trainer.total_epochs=2"]
 
 
-def test_smoke_adds_a_tiny_batch_and_a_step_count_after_the_rendered_overrides(rendered):
+def test_validation_batches_split_and_checkpoints_are_kept_by_default(rendered):
+    p40, p40x2, v100 = (as_dict(rendered[h]["overrides"]) for h in ("p40", "p40x2", "v100"))
+    # One hf generate call per rank (test_cpu_verl.py runs verl's chunking over it for 1 to 8 GPUs).
+    assert p40["data.val_batch_size"] == "64" and p40x2["data.val_batch_size"] == "128"
+    for keys in (p40, p40x2, v100):
+        # One checkpoint an epoch: GSM8K's 7473 train rows in batches of 256 (verl drops the partial one).
+        assert keys["trainer.save_freq"] == "29"
+        assert keys["trainer.max_actor_ckpt_to_keep"] == "2" and keys["trainer.max_critic_ckpt_to_keep"] == "2"
+        name = keys["trainer.experiment_name"]
+        assert re.fullmatch(r"[a-z0-9]+-ppo-[0-9a-f]{8}", name), name
+        assert keys["trainer.default_local_dir"] == f"/srv/verl-runs/checkpoints/{name}"
+
+
+def test_a_run_with_other_training_settings_gets_a_name_of_its_own(rendered):
+    names = {h: as_dict(rendered[h]["overrides"])["trainer.experiment_name"] for h in rendered}
+    digests = {h: name.rsplit("-", 1)[1] for h, name in names.items()}
+    # p40 and p40x2 differ in GPUs (and p40x2 in an extra override); v100 in precision; a100 in its tier.
+    assert len(set(digests.values())) == len(digests), digests
+    script = rendered["p40"]["script"]
+
+    def shown(*args):
+        done = subprocess.run([str(script), "--print", *args], capture_output=True, text=True, check=True)
+        return as_dict(parse_printed(done.stdout))
+
+    # A schedule change keeps the run (a longer run resumes the shorter one's checkpoint) ...
+    longer = shown("trainer.total_epochs=30", "trainer.test_freq=5", "trainer.total_training_steps=100")
+    assert longer["trainer.experiment_name"] == names["p40"]
+    # ... a training change does not, and the same change gets the same name on every start (so it resumes).
+    other = shown("actor_rollout_ref.actor.optim.lr=2e-6")
+    assert (
+        other["trainer.experiment_name"].startswith(names["p40"] + "-")
+        and other["trainer.experiment_name"] != names["p40"]
+    )
+    assert other["trainer.default_local_dir"] == "/srv/verl-runs/checkpoints/" + other["trainer.experiment_name"]
+    assert shown("actor_rollout_ref.actor.optim.lr=2e-6") == other
+    assert shown("actor_rollout_ref.actor.optim.lr=3e-6")["trainer.experiment_name"] != other["trainer.experiment_name"]
+    # A run named by the operator keeps that name.
+    named = shown("actor_rollout_ref.actor.optim.lr=2e-6", "trainer.experiment_name=mine")
+    assert named["trainer.experiment_name"] == "mine"
+
+
+def test_smoke_adds_a_tiny_batch_validation_a_save_and_its_own_checkpoints_after_the_rendered_overrides(rendered):
     for host, batch in (("p40", 8), ("p40x2", 16), ("a100", 16)):
         plain, smoke = rendered[host]["overrides"], rendered[host]["smoke"]
         assert smoke[: len(plain)] == plain
         assert smoke[len(plain) :] == [
-            "trainer.val_before_train=False",
+            "trainer.val_before_train=True",
             "trainer.test_freq=-1",
-            "trainer.save_freq=-1",
+            "trainer.max_actor_ckpt_to_keep=1",
+            "trainer.max_critic_ckpt_to_keep=1",
+            "trainer.resume_mode=auto",
             f"data.train_batch_size={batch}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+            "trainer.default_local_dir=/srv/verl-runs/smoke-checkpoints",
             "trainer.total_training_steps=5",
+            "trainer.save_freq=5",
         ], host
     script = rendered["p40"]["script"]
     full = parse_printed(
         subprocess.run([str(script), "--print", "--smoke", "2", "--full-batch"], capture_output=True, text=True).stdout
     )
-    assert full[-1] == "trainer.total_training_steps=2" and "data.train_batch_size=8" not in full
+    assert (
+        full[-2:] == ["trainer.total_training_steps=2", "trainer.save_freq=2"] and "data.train_batch_size=8" not in full
+    )
+    # A smoke's checkpoints never land where a run's are, whatever is passed through.
+    passed = parse_printed(
+        subprocess.run(
+            [str(script), "--print", "--smoke", "2", "actor_rollout_ref.actor.optim.lr=2e-6"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    assert as_dict(passed)["trainer.default_local_dir"] == "/srv/verl-runs/smoke-checkpoints"
     for bad in (["--full-batch"], ["--smoke", "0"]):
         done = subprocess.run([str(script), "--print", *bad], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr, bad
@@ -241,8 +298,10 @@ def test_a_card_whose_tier_cannot_train_is_refused_at_render_time(tmp_path):
     assert "p4: no launch script for 1x Tesla P4 (7680 MiB per GPU, float32)" in out["p4"].refused
     assert "Adam states" in out["p4"].refused and not (tmp_path / "p4" / "train_gsm8k_ppo.sh").exists()
     assert "docs/gpu-runs/p100-1x.json" in out["p100"].refused
-    # fp16 trains in the same tier (docs/gpu-runs/t4-1x-hf.json); the switch renders a refused card on purpose.
-    assert not out["t4"].refused and not out["p4-small-model"].refused
+    # fp16 profiles train with fp32 autocast (no loss scaler), which ran out of memory on a T4's cap.
+    assert "docs/gpu-runs/t4-1x-hf.json" in out["t4"].refused and "fp32 autocast" in out["t4"].refused
+    # The switch renders a refused card on purpose.
+    assert not out["p4-small-model"].refused
     assert result.rc == 2
 
 

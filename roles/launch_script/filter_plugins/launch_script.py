@@ -1,10 +1,17 @@
-"""launch_script's decision on a smoke run's output (playbooks/smoke.yml), table-tested in test_launch_script_smoke.py.
+"""launch_script's decisions: a run's settings digest, and a smoke run's verdict (playbooks/smoke.yml).
+
+`overrides | launch_script_run_digest(schedule_keys)` is 8 hex digits of sha256 over the overrides that change
+what a run trains (every override whose key is not a schedule key, in order): a run's name carries it, so verl's
+automatic resume never picks up a checkpoint of other settings (test_launch_script.py). The smoke verdict is
+table-tested in test_launch_script_smoke.py.
 
 The output comes from a run as the env owner: it is data, read strictly. Only the typed fields below are kept,
 strings are cut short, and a run counts as passed only when the script exited 0 and its own summary says every
-step ran (the script's helper, files/launch_script_smoke.py, decides that from verl's log).
+step ran, it validated, saved and resumed (the script's helper, files/launch_script_smoke.py, decides that from
+verl's logs and the checkpoint directory).
 """
 
+import hashlib
 import json
 
 KEPT = {
@@ -16,6 +23,10 @@ KEPT = {
     "first_step_seconds": float,
     "torch_peak_reserved_gib": float,
     "torch_peak_allocated_gib": float,
+    "validated": bool,
+    "val_score": float,
+    "saved": bool,
+    "resumed": bool,
 }
 TEXT_LIMIT = 400
 
@@ -26,6 +37,17 @@ def _typed(value, kind):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return kind(value)
+
+
+def override_key(override):
+    """The config key of a Hydra override (`+key=value`, `key=value`)."""
+    return str(override).split("=", 1)[0].lstrip("+~")
+
+
+def launch_script_run_digest(overrides, schedule_keys):
+    skipped = set(schedule_keys or [])
+    kept = [str(o) for o in overrides or [] if override_key(o) not in skipped]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:8]
 
 
 def launch_script_smoke_result(stdout, rc, steps, at=""):
@@ -53,6 +75,9 @@ def launch_script_smoke_result(stdout, rc, steps, at=""):
         and result["ok"] is True
         and result["steps_done"] == int(steps)
         and result["steps_wanted"] == int(steps)
+        and result["validated"] is True
+        and result["saved"] is True
+        and result["resumed"] is True
     )
     if not passed and not why:
         why = f"the script exited {rc} without a smoke summary" if not summary else "the summary does not say PASS"
@@ -71,4 +96,7 @@ def launch_script_smoke_result(stdout, rc, steps, at=""):
 
 class FilterModule:
     def filters(self):
-        return {"launch_script_smoke_result": launch_script_smoke_result}
+        return {
+            "launch_script_smoke_result": launch_script_smoke_result,
+            "launch_script_run_digest": launch_script_run_digest,
+        }
