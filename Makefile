@@ -26,7 +26,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps system-test-deps venv fixtures lint pytest molecule \
-  test test-fast faults demo bench clean lock lock-verl lock-torch gpu-bundle gpu-check gpu-records
+  test test-fast faults demo bench clean lock lock-verl lock-torch lock-cpu-torch gpu-bundle gpu-check gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -158,7 +158,10 @@ bench: sandbox-deps
 # needs); a machine without network gets .gpu/ and python/tests/gpu/run_check.py carried to it. gpu-records writes
 # docs/gpu-runs/ from the results; test_gpu_records.py (in make test) holds the records to today's rendering.
 GPU_PYTHON_VERSION ?= 3.12
-GPU_CASES ?= p40-1x,p100-1x,t4-1x-hf
+# The cases the check runs (a refused case keeps its record: its evidence is an earlier run), and the learning
+# proof's two renderings (python/tests/gpu/learning.py): the P40's and the bf16 reference.
+GPU_CASES ?= p40-1x,t4-1x-hf
+GPU_LEARN ?= p40-1x,a100-1x
 GPU_OUT ?= .runs/gpu-check
 gpu-bundle: venv fixtures
 	cd python && $(BIN)/python -m tests.gpu.bundle --out $(CURDIR)/.gpu --python-version $(GPU_PYTHON_VERSION)
@@ -166,11 +169,24 @@ gpu-bundle: venv fixtures
 gpu-check: gpu-bundle
 	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_OUT) \
-	  --cases $(GPU_CASES) --site $(CURDIR)/.gpu/site
+	  --cases $(GPU_CASES) --learn $(GPU_LEARN) --site $(CURDIR)/.gpu/site
 
 gpu-records: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \
-	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES),p4-1x
+	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES)
+	cp $(GPU_OUT)/learning.png docs/gpu-learning.png
+
+# The CPU venv's torch lock (python/tests/fixtures, for make test only): torch 2.6.0 from PyPI and what it pulls in,
+# less what the sandbox's verl lock holds (its constraint). Needs PyPI: never run by tests.
+CPU_TORCH_LOCK := python/tests/fixtures/cpu-torch-2.6.0-py311.lock.txt
+lock-cpu-torch: venv
+	@set -euo pipefail; verl=roles/verl/files/verl-$(VERL_LOCK_VERSION)-py311.lock.txt; \
+	skip=$$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/--no-emit-package \1/p' $$verl); \
+	head -n 6 $(CPU_TORCH_LOCK) > $(CPU_TORCH_LOCK).new; \
+	echo torch==2.6.0 | $(BIN)/uv pip compile --quiet --generate-hashes --no-header --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --exclude-newer $(VERL_LOCK_EXCLUDE_NEWER) -c $$verl $$skip - \
+	  >> $(CPU_TORCH_LOCK).new || { rm -f $(CPU_TORCH_LOCK).new; exit 1; }; \
+	mv $(CPU_TORCH_LOCK).new $(CPU_TORCH_LOCK); echo "wrote $(CPU_TORCH_LOCK)"
 
 # The hash locks the env installs from, one per Python each: verl's dependencies (PyPI) and the torch stack
 # (PyTorch's cu118 index). Needs both: never run by tests.

@@ -23,6 +23,7 @@ from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
 
 RECORDS = REPO_ROOT / "docs" / "gpu-runs"
+LEARNING = json.loads((RECORDS / "learning" / "p40-1x.json").read_text())
 PATCHSETS = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main" / "patchsets"
 
 
@@ -38,7 +39,8 @@ def records() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def today(records, tmp_path_factory):
-    rendered, _ = render({name: CASES[name].host() for name in records}, tmp_path_factory.mktemp("gpu-records"))
+    names = set(records) | set(LEARNING["runs"])
+    rendered, _ = render({name: CASES[name].host() for name in names}, tmp_path_factory.mktemp("gpu-records"))
     return rendered
 
 
@@ -72,6 +74,8 @@ def test_passing_records_ran_every_step_with_today_s_patch_set(records):
         for run in runs.values():
             assert 0 < run["torch_peak_reserved_gib"] <= entry["memory_cap_gib"], (name, run)
             assert run["seconds_per_step"] > 0
+            # Each run validated before its first step, saved at its last and resumed from that checkpoint.
+            assert run["validated"] and run["saved"] and run["resumed"], (name, run)
         assert entry["tf32"] == (entry["dtype"] != "float32")
 
 
@@ -110,3 +114,37 @@ def test_refused_records_carry_today_s_reason(records, today):
         if evidence:
             # A refusal based on a run: the run it cites did not complete.
             assert not all(run["pass"] for run in evidence["runs"].values()), name
+
+
+def test_the_learning_record_is_of_today_s_renderings_and_shows_learning(today, tmp_path_factory):
+    """docs/gpu-runs/learning/p40-1x.json (tests/gpu/learning.py): the P40 rendering as it is today trained a model
+    that scores, and greedy validation rose by at least 10 points within 100 steps; the bf16 reference beside it."""
+    runs = LEARNING["runs"]
+    assert set(runs) == {"p40-1x", LEARNING["reference"]} and LEARNING["reference"] == "a100-1x"
+    assert LEARNING["data"]["validation_rows"] >= 200 and LEARNING["steps"] <= 100
+    warm = LEARNING["warm_start"]["greedy_accuracy"]
+    assert 0.10 <= warm <= 0.60
+    made = patched_verl(profiles_of(runs), tmp_path_factory.mktemp("learning-patched"))
+    for name, run in runs.items():
+        assert run["overrides_digest"] == overrides_digest(today[name]), (
+            f"{name}: the launch script's overrides changed since the learning proof ran; run it again"
+        )
+        assert run["patch_set"] == patch_set_id(LEARNING["verl_version"]), name
+        assert run["patched_files"] == patched_sha256s(made[CASES[name].profile["name"]][1]), name
+        assert run["curves"]["steps_done"] == LEARNING["steps"], name
+    p40 = runs["p40-1x"]
+    assert (p40["dtype"], p40["memory_cap_gib"], p40["tf32"]) == ("float32", 23, False)
+    assert runs["a100-1x"]["dtype"] == "bfloat16"
+    val = {int(step): score for step, score in p40["curves"]["validation"].items()}
+    assert 0 in val and len(val) >= 10, val
+    # Validation before step 1 scored the warm start (the same greedy rule on the same rows).
+    assert abs(val[0] - warm) <= 0.02
+    assert max(val.values()) - val[0] >= 0.10, val
+    # Not one lucky evaluation: the last three average well above the start (2 standard deviations at 256 rows).
+    last = [val[s] for s in sorted(val)[-3:]]
+    assert sum(last) / 3 - val[0] >= 0.05, val
+    for key in ("critic/score/mean", "actor/ppo_kl", "critic/vf_explained_var", "response_length/clip_ratio"):
+        assert len(p40["curves"]["train"][key]) == LEARNING["steps"], key
+    # The reference moved the same way: its last three evaluations are above its start too.
+    ref = {int(step): score for step, score in runs["a100-1x"]["curves"]["validation"].items()}
+    assert sum(ref[s] for s in sorted(ref)[-3:]) / 3 > ref[0]

@@ -24,9 +24,10 @@ class Case:
     # launch_script variables a fleet would set for this rendering (nothing for the profiles as they come).
     variables: dict = field(default_factory=dict)
     why: str = ""
-    # What the check runs: smoke steps on the tiny batch, then steps at the rendered batch sizes.
-    smoke_steps: int = 20
-    full_steps: int = 2
+    # What the check runs: smoke steps on the tiny batch, then steps at the rendered batch sizes. Each smoke also
+    # validates first, saves at its last step and resumes for one more (the launch script's --smoke).
+    smoke_steps: int = 5
+    full_steps: int = 1
 
     @property
     def profile(self) -> dict:
@@ -52,6 +53,18 @@ CASES = {
         variables={"launch_script_rollout_name": "hf"},
         why="the T4's rendering with launch_script_rollout_name=hf (vLLM cannot be carried to the GPU machine)",
     ),
-    # Issue 25 (two GPUs of one host): needs a machine with two GPUs.
+    # Two GPUs of one host: needs a machine with two GPUs.
     "p40-2x": Case("Tesla P40", "6.1", 24576, 2, 23),
+    # The learning proof's reference (tests/gpu/learning.py): the modern profile, verl's own bf16 autocast, patched
+    # only for the attention and the hf rollout. Not a card p40fleet targets: no smoke of its own.
+    "a100-1x": Case(
+        "A100-SXM4-80GB",
+        "8.0",
+        81920,
+        1,
+        78,
+        why="the bf16 reference of the learning proof (the modern profile, no Pascal patches)",
+        smoke_steps=0,
+        full_steps=0,
+    ),
 }

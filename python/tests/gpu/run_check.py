@@ -11,9 +11,14 @@ bundle's wheels, installed to a directory on PYTHONPATH before this starts). For
 - the model is a random-weight Qwen2ForCausalLM of Qwen2.5-0.5B-Instruct's architecture (494M parameters, so memory
   is real; rewards stay 0) with a byte-level BPE tokenizer trained here on the data; the data are GSM8K-style rows
   (question, answer ending "#### N") converted by training_data's own converter (training_data_tool.py).
-Cases run side by side (one local Ray cluster each); each writes the script's own "smoke:" summary.
+Cases run side by side (one local Ray cluster each); each writes the script's own "smoke:" summary. A smoke now
+validates before its first step (on a test set of 203 rows, which no validation batch divides), saves at its last
+step and resumes for one more.
 
-usage: run_check.py --bundle DIR --out DIR [--cases a,b] [--smoke-steps N] [--full-steps N]
+With --learn CASE,REFERENCE it also runs the learning proof beside them (tests/gpu/learning.py): a warm-started small
+model trained for real by CASE's script, and by REFERENCE's as the bf16 reference; learning.json and learning.png.
+
+usage: run_check.py --bundle DIR --out DIR [--cases a,b] [--smoke-steps N] [--full-steps N] [--learn CASE,REF]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -29,6 +35,10 @@ import shutil
 import subprocess
 import sys
 import time
+
+# tests/gpu/learning.py, beside this file (run as a script: no package to import it from).
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+learning = importlib.import_module("learning")
 
 OWNER = "p40fleet"
 ROOT = pathlib.Path("/srv/gpu-check")
@@ -130,13 +140,18 @@ def make_data(bundle: pathlib.Path) -> dict:
 
     raw = ROOT / "raw"
     files = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
-    for split, count, seed in (("train", 1024, 1), ("test", 128, 2)):
+    for split, count, seed in (("train", 1024, 1), ("test", 203, 2)):
         path = raw / files[split]
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(make_rows(count, seed)), path)
+    return convert(bundle, raw, files, ROOT / "data")
+
+
+def convert(bundle: pathlib.Path, raw: pathlib.Path, files: dict, data_dir: pathlib.Path) -> dict:
+    """training_data's own converter over raw question/answer parquet files: verl's GSM8K layout in data_dir."""
     spec = {
         "raw_dir": str(raw),
-        "data_dir": str(ROOT / "data"),
+        "data_dir": str(data_dir),
         "dataset_source": "path",
         "dataset_local_path": str(raw),
         "dataset_files": files,
@@ -155,25 +170,13 @@ def make_data(bundle: pathlib.Path) -> dict:
 
 def make_model(rows: list[dict]) -> dict:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = ROOT / "model"
     out.mkdir(parents=True, exist_ok=True)
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     texts = [r["question"] + " " + r["answer"] for r in rows] + ["Let's think step by step and output the final answer"]
-    tok.train_from_iterator(
-        texts,
-        trainers.BpeTrainer(
-            vocab_size=2048, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        ),
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
+    fast = learning.tokenizer(texts, out, CHAT_TEMPLATE, vocab_size=2048, split_digits=False)
     ids = {t: fast.convert_tokens_to_ids(t) for t in special}
     config = Qwen2Config(**QWEN25_05B, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
     torch.manual_seed(0)
@@ -194,9 +197,18 @@ def ensure_owner() -> pathlib.Path:
     return pathlib.Path(f"/home/{OWNER}")
 
 
-def install_case(bundle: pathlib.Path, name: str, case: dict, home: pathlib.Path, render_root: str) -> pathlib.Path:
+def install_case(
+    bundle: pathlib.Path,
+    name: str,
+    case: dict,
+    home: pathlib.Path,
+    render_root: str,
+    data: pathlib.Path = ROOT / "data",
+    model: pathlib.Path = ROOT / "model",
+    label: str = "",
+) -> pathlib.Path:
     """The case's rendered files in the owner's home, with only the published paths replaced."""
-    dest = home / name
+    dest = home / (label or name)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir()
@@ -204,9 +216,9 @@ def install_case(bundle: pathlib.Path, name: str, case: dict, home: pathlib.Path
         (f"{render_root}/{name}", str(dest)),
         (RENDER_PYTHON, sys.executable),
         (RENDER_PREFIX, sys.prefix),
-        (RENDER_TRAIN, str(ROOT / "data" / "train.parquet")),
-        (RENDER_TEST, str(ROOT / "data" / "test.parquet")),
-        (RENDER_MODEL, str(ROOT / "model")),
+        (RENDER_TRAIN, str(data / "train.parquet")),
+        (RENDER_TEST, str(data / "test.parquet")),
+        (RENDER_MODEL, str(model)),
         (RENDER_WORK, str(dest / "runs")),
     ]
     for src in (bundle / "scripts" / name).iterdir():
@@ -219,8 +231,8 @@ def install_case(bundle: pathlib.Path, name: str, case: dict, home: pathlib.Path
     return dest / "train_gsm8k_ppo.sh"
 
 
-def run_case(name: str, case: dict, script: pathlib.Path, index: int, smoke: int, full: int, site: str) -> dict:
-    env = {
+def case_env(case: dict, script: pathlib.Path, index: int, site: str) -> dict:
+    return {
         "PATH": os.environ["PATH"],
         "HOME": str(script.parent.parent),
         "USER": OWNER,
@@ -234,12 +246,20 @@ def run_case(name: str, case: dict, script: pathlib.Path, index: int, smoke: int
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def run_case(name: str, case: dict, script: pathlib.Path, index: int, smoke: int, full: int, site: str) -> dict:
+    plan = ([("smoke", ["--smoke", str(smoke)])] if smoke else []) + (
+        [("full_batch", ["--smoke", str(full), "--full-batch"])] if full else []
+    )
+    return run_plan(name, case, script, index, site, plan)
+
+
+def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str, plan: list) -> dict:
+    env = case_env(case, script, index, site)
     pathlib.Path(env["RAY_TMPDIR"]).mkdir(exist_ok=True)
     shutil.chown(env["RAY_TMPDIR"], OWNER, OWNER)
     runs = {}
-    plan = [("smoke", ["--smoke", str(smoke)])] + (
-        [("full_batch", ["--smoke", str(full), "--full-batch"])] if full else []
-    )
     for label, args in plan:
         argv = [
             "runuser",
@@ -266,10 +286,80 @@ def run_case(name: str, case: dict, script: pathlib.Path, index: int, smoke: int
             "result": result[-1] if result else None,
             "log_tail": output.splitlines()[-120:],
         }
+        if label.startswith("learn"):
+            runs[label]["log"] = output.splitlines()
         print(f"[{name}] {label}: rc {done.returncode} {runs[label]['summary']}", flush=True)
         if done.returncode != 0:
             break
     return runs
+
+
+def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], index: int) -> dict:
+    """The learning proof (tests/gpu/learning.py): warm start, then each rendering trains it, side by side."""
+    smoke_helper = pathlib.Path(__file__).parents[3] / "roles" / "launch_script" / "files" / "launch_script_smoke.py"
+    spec = importlib.util.spec_from_file_location("launch_script_smoke", smoke_helper)
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+
+    def log(line):
+        print(f"[learning] {line}", flush=True)
+
+    out = {"ok": False}
+    try:
+        base = ROOT / "learning"
+        raw = base / "raw"
+        files = learning.make_sets(raw)
+        convert(args.bundle, raw, {"train": files["train"], "test": files["test"]}, base / "data")
+        convert(args.bundle, raw, {"train": files["sft"], "test": files["test"]}, base / "sft")
+        (base / "data" / "sft.parquet").write_bytes((base / "sft" / "train.parquet").read_bytes())
+        # verl's own GSM8K rule scores the warm start, as it scores the runs (a file of plain Python: no verl import).
+        rule = ROOT / manifest["cases"][learn[0]]["verl_tree"] / "verl" / "utils" / "reward_score" / "gsm8k.py"
+        spec = importlib.util.spec_from_file_location("gsm8k_rule", rule)
+        gsm8k = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gsm8k)
+        out["warm_start"] = learning.warm_start(base / "data", base / "model", CHAT_TEMPLATE, gsm8k.compute_score, log)
+        sh("chmod", "-R", "a+rX", str(base))
+        jobs = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(learn)) as pool:
+            for offset, name in enumerate(learn):
+                case = manifest["cases"][name]
+                script = install_case(
+                    args.bundle,
+                    name,
+                    case,
+                    home,
+                    manifest["render_root"],
+                    base / "data",
+                    base / "model",
+                    f"learn-{name}",
+                )
+                plan = [("learn", learning.SCHEDULE)]
+                jobs[name] = pool.submit(run_plan, f"learn-{name}", case, script, index + 1 + offset, args.site, plan)
+            runs = {name: job.result()["learn"] for name, job in jobs.items()}
+        out["runs"] = {}
+        for name, run in runs.items():
+            case = manifest["cases"][name]
+            out["runs"][name] = {
+                "rc": run["rc"],
+                "wall_seconds": run["wall_seconds"],
+                "profile": case["profile"],
+                "dtype": case["dtype"],
+                "cap_gib": case["cap_gib"],
+                "overrides_digest": case["overrides_digest"],
+                "patch_set": case.get("patch_set", ""),
+                "curves": learning.curves(run["log"], helper.parse_steps),
+                "log_tail": run["log_tail"][-40:],
+            }
+        out["ok"] = all(r["rc"] == 0 for r in out["runs"].values())
+        labels = {name: f"{r['profile']}, {r['dtype']}, cap {r['cap_gib']} GiB" for name, r in out["runs"].items()}
+        title = f"PPO from a warm start at {out['warm_start']['greedy_accuracy']:.0%} greedy accuracy"
+        runs_labelled = {name: {**r, "label": labels[name]} for name, r in out["runs"].items()}
+        args.out.mkdir(parents=True, exist_ok=True)
+        learning.plot({"title": title, "runs": runs_labelled}, args.out / "learning.png")
+    except BaseException as error:  # recorded, not raised: the smoke cases beside it still report
+        out["error"] = repr(error)[-2000:]
+        log(f"failed: {error!r}")
+    return out
 
 
 def main(argv=None) -> int:
@@ -280,7 +370,9 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke-steps", type=int)
     parser.add_argument("--full-steps", type=int)
     parser.add_argument("--site", default=os.environ.get("P40FLEET_GPU_SITE", "/tmp/site"))
+    parser.add_argument("--learn", default="", help="CASE,REFERENCE: the learning proof's two renderings")
     args = parser.parse_args(argv)
+    learn = [c for c in args.learn.split(",") if c]
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     wanted = [c for c in args.cases.split(",") if c] or [n for n, c in manifest["cases"].items() if not c["refused"]]
     report = {
@@ -294,7 +386,7 @@ def main(argv=None) -> int:
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
     # Before the data, the model or any case is made: the trainer runs `python -m verl.trainer.main_ppo` with the
     # case's verl_tree first on PYTHONPATH, so the package must be right under it.
-    for name in wanted:
+    for name in wanted + learn:
         case = manifest["cases"][name]
         if not case["refused"] and not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
             raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
@@ -305,7 +397,10 @@ def main(argv=None) -> int:
     sh("chmod", "-R", "a+rX", str(ROOT), args.site)
     home = ensure_owner()
     jobs = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+    learning_job = None
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted) + 1) as pool:
+        if learn:
+            learning_job = pool.submit(run_learning, args, manifest, home, learn, len(wanted))
         for index, name in enumerate(wanted):
             case = manifest["cases"][name]
             if case["refused"]:
@@ -317,10 +412,13 @@ def main(argv=None) -> int:
             jobs[name] = pool.submit(run_case, name, case, script, index, smoke, full, args.site)
         for name, job in jobs.items():
             report["cases"][name] = job.result()
+        if learning_job:
+            report["learning"] = learning_job.result()
     report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     ok = all(r.get("rc") == 0 for runs in report["cases"].values() if "refused" not in runs for r in runs.values())
+    ok = ok and (not learn or report["learning"].get("ok", False))
     print("gpu check:", "PASS" if ok else "FAIL", flush=True)
     return 0 if ok else 1
 
