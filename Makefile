@@ -182,7 +182,7 @@ VERL_LOCK_PYTHONS := 3.10 3.11
 VERL_LOCK_EXCLUDE_NEWER := 2025-06-27T12:00:00Z
 VERL_LOCK_FILES := roles/verl/files
 # Installed by the pytorch role (cu118 builds and what only they ask for) or editable by the verl role: kept out.
-VERL_LOCK_NO_EMIT := verl torch torchvision torchaudio triton sympy mpmath networkx jinja2 markupsafe \
+VERL_LOCK_NO_EMIT := verl torch triton sympy mpmath networkx jinja2 markupsafe \
   nvidia-cublas-cu12 nvidia-cuda-cupti-cu12 \
   nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cudnn-cu12 nvidia-cufft-cu12 nvidia-curand-cu12 \
   nvidia-cusolver-cu12 nvidia-cusparse-cu12 nvidia-cusparselt-cu12 nvidia-nccl-cu12 nvidia-nvjitlink-cu12 \
