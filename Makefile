@@ -188,8 +188,8 @@ lock-cpu-torch: venv
 	  >> $(CPU_TORCH_LOCK).new || { rm -f $(CPU_TORCH_LOCK).new; exit 1; }; \
 	mv $(CPU_TORCH_LOCK).new $(CPU_TORCH_LOCK); echo "wrote $(CPU_TORCH_LOCK)"
 
-# The hash locks the env installs from, one per Python each: verl's dependencies (PyPI) and the torch stack
-# (PyTorch's cu118 index). Needs both: never run by tests.
+# The hash locks the env installs from, one per Python each: verl's dependencies (PyPI, rewritten) and the torch
+# stack (checked, never rewritten). Needs PyPI and PyTorch's cu118 index: never run by tests.
 lock: lock-verl lock-torch
 
 # verl's dependency locks, one per Python (the sandbox's env is Python 3.11). Needs PyPI: never run by tests.
@@ -198,7 +198,7 @@ VERL_LOCK_PYTHONS := 3.10 3.11
 VERL_LOCK_EXCLUDE_NEWER := 2025-06-27T12:00:00Z
 VERL_LOCK_FILES := roles/verl/files
 # Installed by the pytorch role (cu118 builds and what only they ask for) or editable by the verl role: kept out.
-VERL_LOCK_NO_EMIT := verl torch torchvision torchaudio triton sympy mpmath networkx jinja2 markupsafe \
+VERL_LOCK_NO_EMIT := verl torch triton sympy mpmath networkx jinja2 markupsafe \
   nvidia-cublas-cu12 nvidia-cuda-cupti-cu12 \
   nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cudnn-cu12 nvidia-cufft-cu12 nvidia-curand-cu12 \
   nvidia-cusolver-cu12 nvidia-cusparse-cu12 nvidia-cusparselt-cu12 nvidia-nccl-cu12 nvidia-nvjitlink-cu12 \
@@ -215,25 +215,16 @@ lock-verl: venv
 	  mv $$lock.new $$lock; echo "wrote $(VERL_LOCK_FILES)/$$lock"; \
 	done
 
-# The torch stack's locks, one per Python verl has a lock for: the +cu118 builds and every file they pull in,
-# resolved from PyTorch's cu118 index alone (it lists each file's sha256), with verl's lock of that Python as a
-# constraint (one version of what both hold). Needs that index (run lock-verl first when verl's inputs change).
-# Where the index lacks a version verl's lock pins, uv names it: move that pin in verl's constraints, then re-lock.
+# The torch locks, one per Python verl has a lock for: torch 2.6.0+cu118 at the sha256 published for PyTorch's
+# file (the lock's header names the sources) and its requirements resolved against PyPI, with verl's lock of that
+# Python as a constraint. This resolves them again and compares; a difference fails with the lines that differ and
+# changes nothing (edit the lock, or the requirements, by hand). Needs PyPI and PyTorch's index; where the index
+# cannot be reached, LOCK_TORCH_ARGS=--pypi-only checks the PyPI part alone.
 PYTORCH_LOCK_VERSION := 2.6.0
 PYTORCH_LOCK_CUDA_TAG := cu118
 PYTORCH_LOCK_PYTHONS := $(VERL_LOCK_PYTHONS)
 PYTORCH_LOCK_INDEX := https://download.pytorch.org/whl/$(PYTORCH_LOCK_CUDA_TAG)
-PYTORCH_LOCK_FILES := roles/pytorch/files
 lock-torch: venv
-	@set -euo pipefail; cd $(PYTORCH_LOCK_FILES); \
-	for python in $(PYTORCH_LOCK_PYTHONS); do \
-	  lock=pytorch-$(PYTORCH_LOCK_VERSION)-$(PYTORCH_LOCK_CUDA_TAG)-py$${python/./}.lock.txt; \
-	  sed -e "s/@TORCH@/$(PYTORCH_LOCK_VERSION)/g" -e "s/@TAG@/$(PYTORCH_LOCK_CUDA_TAG)/g" \
-	    -e "s/@PYTHON@/$$python/g" -e "s|@INDEX@|$(PYTORCH_LOCK_INDEX)|g" pytorch-lock-header.txt > $$lock.new; \
-	  $(BIN)/uv pip compile --quiet --generate-hashes --python-version $$python \
-	    --python-platform x86_64-manylinux_2_28 --index-url $(PYTORCH_LOCK_INDEX) \
-	    -c ../../verl/files/verl-$(VERL_LOCK_VERSION)-py$${python/./}.lock.txt \
-	    pytorch-$(PYTORCH_LOCK_VERSION)-$(PYTORCH_LOCK_CUDA_TAG)-requirements.in >> $$lock.new \
-	    || { rm -f $$lock.new; exit 1; }; \
-	  mv $$lock.new $$lock; echo "wrote $(PYTORCH_LOCK_FILES)/$$lock"; \
-	done
+	$(BIN)/python -m p40fleet_dev.torch_lock --pythons "$(PYTORCH_LOCK_PYTHONS)" --torch $(PYTORCH_LOCK_VERSION) \
+	  --tag $(PYTORCH_LOCK_CUDA_TAG) --index $(PYTORCH_LOCK_INDEX) --exclude-newer $(VERL_LOCK_EXCLUDE_NEWER) \
+	  $(LOCK_TORCH_ARGS)

@@ -420,12 +420,11 @@ def bundle_downloads(pins: Sequence[HostPins], out_dir: Path, session: requests.
         torch_lock = host.torch_lock
         if not torch_lock.is_file():
             raise FetchError(
-                f"{host.host}: the torch lock {torch_lock} does not exist (pytorch_lock_file); run `make lock` where"
-                " PyTorch's index is reachable"
+                f"{host.host}: the torch lock {torch_lock} does not exist (pytorch_lock_file): locks ship for Python"
+                ' 3.10 and 3.11; for another, write one as README.md\'s "The torch lock" says'
             )
-        # The torch install's own sources: the index alone (never pip.conf's extra indexes), or the find-links.
-        torch_sources = {**host.pip, "extra_index_urls": []}
-        _, index_urls, find_links = pip_source_options(torch_sources)
+        # The torch install's own sources: the index and the extra indexes (PyPI), or the find-links.
+        _, index_urls, find_links = pip_source_options(host.pip)
         locked = parse_hashed_requirements(torch_lock.read_text(), str(torch_lock))
         downloads += hashed_downloads(
             locked, str(torch_lock), host.python_version, index_urls, find_links, wheels, finder

@@ -2,7 +2,8 @@
 
 Real third-party files (verl's sdist and the wheels its config needs) are fetched from PyPI by
 `python -m p40fleet_dev fixtures` (run by `make fixtures`), never at test time, and so are the real files of
-the sandbox's verl dependency lock (fetch_locked_wheels), which the sandbox mirror serves, and the wheels of
+the sandbox's verl dependency lock and of the PyPI part of its torch lock (fetch_locked_wheels), which the
+sandbox mirror serves, and the wheels of
 p40fleet's own dependencies (fetch_package_dependencies: a fresh venv installs the p40fleet wheel offline).
 Stand-ins for what cannot be downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are
 built by the modules in python/tests/fixtures/standins/artifacts/, each exposing
@@ -15,6 +16,8 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +43,10 @@ VERL_LOCKS_DIR = ROLES_DIR / "verl" / "files"
 # the verl release the sandbox installs: together they pick the lock whose real wheels the mirror serves.
 SANDBOX_PYTHON = "3.11"
 SANDBOX_VERL = "0.4.1"
+SANDBOX_TORCH = "2.6.0-cu118"
+# What of the torch lock the sandbox serves as stand-ins (torch_wheels.py), not as the real files: torch (its
+# index is not reachable), triton and the CUDA libraries (gigabytes, and of no use without the real torch).
+TORCH_STANDINS = re.compile(r"^(torch|triton|nvidia-.*)$")
 # torch for the CPU venv (p40fleet_dev/cpu_venv.py), with the sandbox's verl lock: the hosts' stack on a CPU.
 CPU_TORCH_LOCK = FIXTURES_DIR / "cpu-torch-2.6.0-py311.lock.txt"
 # Where the locks' files come from: PyPI's simple API, as pip reads it.
@@ -74,15 +81,16 @@ def upstream_requirements() -> list[tuple[str, str]]:
 
 
 def fetch_upstream() -> Path:
-    """Download every listed file once, the files of the sandbox's verl lock and of the CPU venv's torch lock, and
-    p40fleet's own dependencies; what is there is kept.
+    """Download every listed file once, the files of the sandbox's verl lock, of its torch lock's real part and of
+    the CPU venv's torch lock, and p40fleet's own dependencies; what is there is kept.
 
     The sets go side by side (each into its own directory, each with its own stamp): their time is mostly the
     downloads' (316 MB from PyPI on a fresh clone, and torch's 3 GB), and CI waits for them before the first test."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=5) as pool:
         futures = [
             pool.submit(_fetch_listed),
             pool.submit(fetch_locked_wheels, sandbox_verl_lock()),
+            pool.submit(fetch_locked_wheels, sandbox_torch_pypi_lock()),
             pool.submit(fetch_locked_wheels, CPU_TORCH_LOCK),
             pool.submit(fetch_package_dependencies),
         ]
@@ -134,6 +142,30 @@ def _fetch_listed() -> None:
 def sandbox_verl_lock() -> Path:
     """The verl lock the sandbox env installs: resolved for the sandbox hosts' Python (see SANDBOX_PYTHON)."""
     return VERL_LOCKS_DIR / f"verl-{SANDBOX_VERL}-py{SANDBOX_PYTHON.replace('.', '')}.lock.txt"
+
+
+def sandbox_torch_lock() -> Path:
+    """The shipped torch lock for the sandbox hosts' Python: the stand-in lock keeps its names and versions."""
+    return ROLES_DIR / "pytorch" / "files" / f"pytorch-{SANDBOX_TORCH}-py{SANDBOX_PYTHON.replace('.', '')}.lock.txt"
+
+
+def sandbox_torch_pypi_lock() -> Path:
+    """The lines of sandbox_torch_lock() the sandbox serves as the real files (all but TORCH_STANDINS), as a lock of
+    its own under the cache, rewritten (by rename, never in place) only when they change."""
+    shipped = sandbox_torch_lock()
+    lines = [
+        f"{pin.name}=={pin.version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(pin.sha256s))
+        for pin in parse_hashed_requirements(shipped.read_text(), shipped.name)
+        if not TORCH_STANDINS.match(pin.name)
+    ]
+    text = f"# The real files of {shipped.name} the sandbox serves (p40fleet_dev.fixtures).\n" + "\n".join(lines) + "\n"
+    path = CACHE_DIR / "locks" / shipped.name.replace(".lock.txt", "-pypi.lock.txt")
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        staging.write_text(text)
+        staging.replace(path)
+    return path
 
 
 def locked_files_dir(lock: Path) -> Path:
@@ -222,11 +254,12 @@ def tree_digest(paths, base: Path = REPO_ROOT) -> str:
 
 
 def standins_hash() -> str:
-    """The stand-ins' cache key: their builders, the upstream files they are built from, the sandbox's verl lock."""
+    """The stand-ins' cache key: their builders, the upstream files they are built from, the sandbox's locks."""
     digest = hashlib.sha256(tree_digest(["."], base=BUILDERS_DIR).encode())
     for kind, requirement in upstream_requirements():
         digest.update(f"{kind} {requirement}\n".encode())
     digest.update(sandbox_verl_lock().read_bytes())
+    digest.update(sandbox_torch_lock().read_bytes())
     return digest.hexdigest()[:16]
 
 

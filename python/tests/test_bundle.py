@@ -298,7 +298,7 @@ def test_the_bundle_holds_every_pinned_file_verified(bundle_dir, fleet):
     for url_var in ("cuda_toolkit_runfile_url", "cudnn_tarball_url", "conda_env_installer_url"):
         assert (bundle_dir / sandbox_vars[url_var].rsplit("/", 1)[-1]).is_file(), url_var
     wheels = {p.name for p in (bundle_dir / "wheels").iterdir()}
-    assert {"torch-2.6.0+cu118-py3-none-any.whl", "torchvision-0.21.0+cu118-py3-none-any.whl"} <= wheels
+    assert {"torch-2.6.0+cu118-py3-none-any.whl", "triton-3.2.0-py3-none-any.whl"} <= wheels
     assert not any(name.startswith("torch-2.7.0") for name in wheels)  # the stand-in index's decoy
     assert sum(name.startswith("ninja-") for name in wheels) == 1
     checked = subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=bundle_dir, check=False)

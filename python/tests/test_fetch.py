@@ -174,7 +174,7 @@ def test_the_pins_are_read_from_the_inventory_over_the_role_defaults(local_fleet
     }
     assert pins.controller_cache_dir == cache
     # What the inventory does not set is the role default.
-    assert pins.torch_requirements == ["torch==2.6.0+cu118", "torchvision==0.21.0+cu118", "torchaudio==2.6.0+cu118"]
+    assert pins.torch_requirements == ["torch==2.6.0+cu118"]
     assert pins.verl_lock == REPO_ROOT / "roles" / "verl" / "files" / "verl-0.4.1-py310.lock.txt"
 
 

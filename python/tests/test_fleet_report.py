@@ -91,7 +91,7 @@ def stages(drift: dict | None = None) -> dict:
         "pytorch": {
             "files": {
                 f"{SITE}/torch-2.6.0+cu118.dist-info/METADATA": FILE,
-                f"{SITE}/torchvision-0.21.0+cu118.dist-info/METADATA": FILE,
+                f"{SITE}/triton-3.2.0.dist-info/METADATA": FILE,
             }
         },
         "apex": {

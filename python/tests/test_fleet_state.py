@@ -335,7 +335,7 @@ def test_a_directory_link_among_globbed_markers_is_not_descended(tmp_path):
     secret = tmp_path / "root-only"
     secret.mkdir()
     (secret / "METADATA").write_text("root's\n")
-    os.symlink(secret, env / "torchvision-0.21.0.dist-info")
+    os.symlink(secret, env / "torch-2.5.1.dist-info")
     pattern = str(tmp_path / "env" / "lib" / "python*" / "site-packages" / "torch*.dist-info" / "METADATA")
     found = probe_module.expand([pattern])
     assert list(found) == [str(env / "torch-2.6.0.dist-info" / "METADATA")]

@@ -240,7 +240,7 @@ def test_a_staging_directory_another_account_made_first_is_refused_before_cudnn_
 def test_a_fifo_and_a_directory_link_among_the_markers_neither_hang_nor_mislead_the_probe(converged, run_playbook):
     fleet, _, _, _ = converged
     site = owner_sh(fleet, f"ls -d {ENV}/lib/python*/site-packages")
-    vision = owner_sh(fleet, f"ls -d {site}/torchvision-*.dist-info")
+    vision = owner_sh(fleet, f"ls -d {site}/torch-*.dist-info")
     fleet.exec(HOST, "mkdir -p /root/p40fleet-secret && echo root-only > /root/p40fleet-secret/METADATA", "root")
     owner_sh(
         fleet,

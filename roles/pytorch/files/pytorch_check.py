@@ -10,14 +10,10 @@ import sys
 result = {"errors": []}
 try:
     import torch
-    import torchaudio
-    import torchvision
 
     result.update(
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        torchvision=torchvision.__version__,
-        torchaudio=torchaudio.__version__,
         cuda_available=torch.cuda.is_available(),
     )
     if len(sys.argv) > 1 and sys.argv[1] == "gpu":

@@ -1,4 +1,4 @@
-"""p40fleet pytorch probe: installed torch/torchvision/torchaudio versions, the env's pip files and the digest of
+"""p40fleet pytorch probe: the installed torch version, the env's pip files and the digest of
 the torch lock pip last installed completely (the sha1 of its marker) (as JSON)."""
 
 import hashlib
@@ -27,8 +27,6 @@ print(
     json.dumps(
         {
             "torch": version("torch"),
-            "torchvision": version("torchvision"),
-            "torchaudio": version("torchaudio"),
             "pip_conf_sha1": sha1(os.path.join(sys.prefix, "pip.conf")),
             "constraints_sha1": sha1(os.path.join(sys.prefix, "p40fleet-constraints.txt")),
             "lock_marker_sha1": sha1(os.path.join(sys.prefix, ".p40fleet-torch-lock.sha1")),
