@@ -118,13 +118,13 @@ def test_the_secret_is_in_no_file_others_read_no_command_line_and_no_submission(
     submitted = run_as(OWNER, [str(head["submit"]), "--smoke", "1"], work, P40FLEET_STANDIN_RAY_RECORD=str(record))
     assert submitted.returncode == 0, submitted.stderr
     job = json.loads(record.read_text())
-    # The driver has it, read from the owner's file by the entrypoint...
-    assert "driver has the secret: yes" in job["output"]
-    assert str(work / "train_gsm8k_ppo.env") in job["entrypoint"]
-    # ...but no command line (what `ps` shows of `ray job submit` and of the job) and nothing Ray keeps has it.
+    # No command line (what `ps` shows of `ray job submit` and of the job) and nothing Ray keeps has it...
     assert SECRET not in " ".join(job["argv"]) and SECRET not in job["entrypoint"]
     assert SECRET not in json.dumps(job["runtime_env"])
     assert "WANDB_API_KEY" not in json.dumps(job["runtime_env"])
+    # ...yet the driver has it, read from the owner's file by the entrypoint.
+    assert "driver has the secret: yes" in job["output"]
+    assert str(work / "train_gsm8k_ppo.env") in job["entrypoint"]
     # Nor the playbook's output with --diff, nor any file another account can read.
     assert SECRET not in head["playbook"].stdout
     readable = []
