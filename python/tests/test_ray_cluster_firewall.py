@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
@@ -28,6 +31,8 @@ OTHER_UID = 4243
 # The accounts' client: the system Python (the checkout's venv may lie where those accounts cannot read).
 CLIENT = "/usr/bin/python3"
 PORTS = [6379, 8265, 10001, [6380, 6384], [10002, 10999], 52365]
+# The ports the role configures by default (defaults/main.yml), as vars/main.yml lists them.
+PORTS_BY_DEFAULT = [6379, 8265, 10001, 6380, 6381, 6382, 6383, 6384, 52365, [10002, 10999]]
 
 
 def test_ruleset_admits_members_and_loopback_only():
@@ -174,3 +179,46 @@ def test_only_members_and_the_owner_reach_rays_port(tmp_path):
         "a member": "connected",
         "an address that is no member": "refused",
     }
+
+
+PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_firewall.yml"
+PLAYBOOK_BIN = Path(sys.executable).with_name("ansible-playbook")
+
+
+def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
+    """tasks/firewall.yml run twice in a network namespace of its own: the rendered file, the table loaded, then
+    no change; the members' addresses come from each member's fleet interface (hostvars)."""
+    need_nft()
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a network namespace of its own")
+    plan = {"cluster": "demo", "head": "head", "members": ["head", "w1"], "nnodes": 2, "gpus_per_node": 1}
+    head = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "ray_cluster_plan": plan,
+        "ray_cluster_iface": {"name": "eth0", "address": "10.0.0.1", "error": ""},
+        "ray_cluster_owner_uid": str(OWNER_UID),
+        "ray_cluster_config_dir": str(tmp_path),
+    }
+    w1 = {"ray_cluster_iface": {"name": "eth0", "address": "10.0.0.2", "error": ""}}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"head": head, "w1": w1}}}))
+    run = f"{PLAYBOOK_BIN} -i {inventory} -l head {PLAYBOOK}"
+    script = f"{run} > first.log 2>&1; echo $? > first.rc; {run} > second.log 2>&1; echo $? > second.rc; " + (
+        f"{NFT} list table inet p40fleet_ray > listed.txt 2>&1"
+    )
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path))
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = (tmp_path / "first.log").read_text(), (tmp_path / "second.log").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "0", first[-3000:]
+    assert re.search(r"head\s*:\s*ok=\d+\s+changed=2\b", first), first[-1500:]
+    assert (tmp_path / "second.rc").read_text().strip() == "0", second[-3000:]
+    assert re.search(r"head\s*:\s*ok=\d+\s+changed=0\b", second), second[-1500:]
+    rendered = (tmp_path / "firewall.nft").read_text()
+    assert rendered == RULES.ray_cluster_firewall(["10.0.0.1", "10.0.0.2"], PORTS_BY_DEFAULT, OWNER_UID)
+    listed = (tmp_path / "listed.txt").read_text()
+    assert "10.0.0.1, 10.0.0.2" in listed and "meta skuid { 0, 4242 } accept" in listed, listed
