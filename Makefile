@@ -15,9 +15,9 @@ CA_BUNDLE := /etc/ssl/certs/ca-certificates.crt
 # from a registry); apt-ftparchive (apt-utils) and gpg index and sign the sandbox's own apt repository.
 SANDBOX_PACKAGES := podman runc debootstrap apt-utils gnupg
 SANDBOX_COMMANDS := podman runc debootstrap apt-ftparchive gpg
-# Tests only: headless Chromium renders the HTML fleet report into a screenshot.
-TEST_SYSTEM_PACKAGES := chromium
-TEST_COMMANDS := chromium
+# Tests only: headless Chromium renders the HTML fleet report into a screenshot; nft checks and loads Ray's firewall.
+TEST_SYSTEM_PACKAGES := chromium nftables
+TEST_COMMANDS := chromium nft
 # What of a set is missing, each name after a space (empty when all is there): shell expansions for the deps
 # targets' recipes, one home for each installed check.
 missing_commands = $$(for cmd in $(1); do command -v $$cmd >/dev/null || printf ' %s' $$cmd; done)

@@ -37,7 +37,7 @@ from p40fleet.api import (
 )
 from p40fleet.inputs import InventoryError, load_inventory
 from p40fleet.lock import RunLocked
-from p40fleet.progress import make_progress, one_line
+from p40fleet.progress import make_progress, one_line, printable
 from p40fleet.run import RunError, ansible_env
 from p40fleet.state import StateDir
 
@@ -131,7 +131,8 @@ def _record_line(record: fleet.HostRecord) -> str:
         parts.append("drift: " + "; ".join(f"{stage}: {', '.join(r)}" for stage, r in record.drift.items()))
     if record.last_run:
         parts.append(f"last run {record.last_run.state} at {record.last_run.finished} ({record.last_run.run_id})")
-    return " · ".join(parts)
+    # Parts of it are owner-made (the smoke summary, Apex's builder): no control characters reach the terminal.
+    return printable(" · ".join(parts))
 
 
 def print_records(records: list[fleet.HostRecord], totals: dict) -> None:

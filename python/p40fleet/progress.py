@@ -8,6 +8,7 @@ change, a failure, an unreachable host), however long, so a log keeps every word
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -94,9 +95,21 @@ class Tracker:
             entry.counts["unreachable"] += 1
 
 
+# What a terminal acts on rather than shows: C0 controls but tab and newline (ESC starts colour, cursor and title
+# sequences), DEL, C1 controls (CSI and OSC on some terminals), and the Unicode marks that reorder or hide text
+# (bidi overrides and isolates, zero-width characters, the line and paragraph separators).
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """Text an owner's process made (smoke verdicts, task output, failure messages), its control characters
+    removed before it reaches the operator's terminal: the process cannot rewrite the screen or hide words."""
+    return CONTROLS.sub("", str(text))
+
+
 def one_line(text: str) -> str:
-    """A message on one line: its lines joined, nothing dropped."""
-    return " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
+    """A message on one line: its lines joined, its control characters removed (printable), nothing else dropped."""
+    return " | ".join(line.strip() for line in printable(text).splitlines() if line.strip())
 
 
 def event_line(label: str, event: dict) -> str | None:

@@ -147,3 +147,35 @@ def overrides_digest(rendered: Rendered) -> str:
     """sha256 of what a run of the script passes to verl: the overrides, plain and with --smoke (or the refusal)."""
     body = {"overrides": rendered.overrides, "smoke_overrides": rendered.smoke_overrides, "refused": rendered.refused}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+RAY_SUBMIT_PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_submit.yml"
+
+
+def render_ray_submit(work: Path, plan: dict, owner: str, cmdline: tuple[str, ...] = (), **extra):
+    """Render ray_cluster's p40fleet-ray-submit for the head of `plan` into `work` (python/tests/playbooks/
+    ray_submit.yml over a local connection), the earlier stages' facts given as host variables. Returns the run."""
+    (work / "libexec").mkdir(exist_ok=True)
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "conda_env_owner": owner,
+        **INPUTS,
+        "gpu_preflight_profile": preflight_profile("Tesla P40", "6.1", 24576, 1),
+        "gpu_preflight_cpu_count": 8,
+        "launch_script_path": str(work / "train_gsm8k_ppo.sh"),
+        "launch_script_work_dir": "/srv/verl-runs",
+        "ray_cluster_plan": plan,
+        "ray_cluster_head_address": "10.0.0.1",
+        "ray_cluster_iface": {"name": "eth0", "address": "10.0.0.1", "error": ""},
+        "ray_cluster_config_dir": str(work),
+        "ray_cluster_node_script": str(work / "libexec" / "p40fleet-ray-node"),
+        "ray_cluster_submit_script": str(work / "p40fleet-ray-submit"),
+        **extra,
+    }
+    inventory = work / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {plan["head"]: host}}}))
+    inventory.chmod(0o600)
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
+    return run_playbook(RAY_SUBMIT_PLAYBOOK, inventory, cmdline=list(cmdline), envvars=envvars)

@@ -14,8 +14,11 @@ from tests.source_modules import load_module
 ROLE = REPO_ROOT / "roles" / "host_prereqs"
 SUPPORTED = ("Debian-11", "Debian-12", "Ubuntu-20.04", "Ubuntu-22.04", "Ubuntu-24.04")
 # What the later stages run: git (verl), tar + xz-utils (cuDNN), libxml2 (the CUDA 11 installer exits
-# 127 without it), a C/C++ toolchain with libc headers (Apex), CA certificates (TLS downloads).
-NEEDED = {"ca-certificates", "git", "tar", "xz-utils", "libxml2", "procps", "make", "libc6-dev", "gcc", "g++"}
+# 127 without it), a C/C++ toolchain with libc headers (Apex), CA certificates (TLS downloads), nft (Ray's
+# firewall).
+NEEDED = {
+    *("ca-certificates", "git", "tar", "xz-utils", "libxml2", "procps", "make", "libc6-dev", "gcc", "g++", "nftables"),
+}
 # nvcc 11.8 rejects gcc > 11 ("unsupported GNU version").
 NVCC_MAX_GCC = 11
 

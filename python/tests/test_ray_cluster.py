@@ -56,14 +56,25 @@ def main_pid(fleet, host):
     return fleet.exec(host, "systemctl show -p MainPID --value p40fleet-ray").stdout.strip()
 
 
-# What `ray list nodes` asks the head's state API (ray.util.state.api's list over /api/v0/nodes), asked with the
-# host's own Python: the ray CLI imports Ray at each call, seconds of CPU a poll on the 2-core build machine.
+# What `ray list nodes` asks the head's state API (ray.util.state.api's list over /api/v0/nodes, on the head's
+# loopback), asked with the host's own Python: the ray CLI imports Ray at each call, seconds of CPU a poll on the
+# 2-core build machine.
 STATE_API_NODES = (
-    "import re, sys, urllib.request; "
-    "head = re.search(r'HEAD_ADDRESS=([0-9.]+)', open('/etc/p40fleet/ray/ray.env').read()).group(1); "
-    "answer = urllib.request.urlopen(f'http://{head}:8265/api/v0/nodes?limit=1000', timeout=30); "
+    "import sys, urllib.request; "
+    "answer = urllib.request.urlopen('http://127.0.0.1:8265/api/v0/nodes?limit=1000', timeout=30); "
     "sys.stdout.write(answer.read().decode())"
 )
+# A TCP connection to HOST:PORT as whoever runs it: prints `connected` or `refused ERRNO` (the firewall's reset).
+CONNECT = (
+    "import socket, sys; s = socket.socket(); s.settimeout(10)\n"
+    "try:\n    s.connect((sys.argv[1], int(sys.argv[2]))); print('connected')\n"
+    "except OSError as e:\n    print('refused', e.errno)"
+)
+
+
+def connect(fleet, host, address, port, user="root"):
+    done = fleet.exec(host, f"/usr/bin/python3 -I -c {shlex.quote(CONNECT)} {address} {port}", user=user)
+    return done.stdout.split()[0] if done.stdout else done.stderr
 
 
 def alive_nodes(fleet):
@@ -111,10 +122,14 @@ def test_three_hosts_form_a_cluster(fleet):
     env = fleet.exec("node2", "cat /etc/p40fleet/ray/ray.env; stat -c '%U %a' /etc/p40fleet/ray/ray.env").stdout
     assert "P40FLEET_RAY_ROLE=worker" in env and "NCCL_SOCKET_IFNAME=eth0" in env and "GLOO_SOCKET_IFNAME=eth0" in env
     assert env.strip().endswith("root 644")
-    # Ray runs as the env owner, never as root; its dashboard is bound to the fleet address, not every interface.
+    # Ray runs as the env owner, never as root; its dashboard is bound to the head's loopback, not every interface.
     owners = fleet.exec("node1", "ps -o user= -C gcs_server,raylet | sort -u").stdout
     assert owners.split() == [OWNER]
-    assert listening_addresses(fleet, "node1", 8265) == {"node1 fleet address"}
+    assert listening_addresses(fleet, "node1", 8265) == {"127.0.0.1"}
+    # Ray's temp directory is in the owner's private one, not the shared /tmp/ray; p40fleet's firewall is loaded.
+    private = fleet.exec("node2", f"stat -c '%U %a' ~{OWNER}/.p40fleet-ray; test ! -e /tmp/ray").stdout
+    assert private.split() == [OWNER, "700"]
+    assert fleet.exec("node2", "nft list table inet p40fleet_ray").returncode == 0
 
 
 def test_status_lists_the_three_nodes(fleet, run_playbook):
@@ -145,6 +160,24 @@ def test_a_job_through_the_launch_path_reaches_every_node(fleet, run_playbook):
     assert f"{job} SUCCEEDED" in record
     status = statuses(run_playbook("playbooks/cluster_status.yml", fleet.inventory_dir).events)["demo"]
     assert status["last_job"]["id"] == job and status["last_job"]["status"] == "SUCCEEDED"
+
+
+def test_another_account_and_a_stranger_cannot_reach_ray(fleet):
+    """Issue 41: a job submitted from another local account and a node that is no member are refused."""
+    made = fleet.exec("node1", "id intruder >/dev/null 2>&1 || useradd -m intruder")
+    assert made.returncode == 0, made.stderr
+    head = fleet.host("node1").address
+    # The dashboard's job API and the GCS, from another account on the head and on a member; the owner gets through.
+    assert connect(fleet, "node1", "127.0.0.1", 8265, user="intruder") == "refused"
+    assert connect(fleet, "node1", head, 6379, user="intruder") == "refused"
+    assert connect(fleet, "node1", "127.0.0.1", 8265, user=OWNER) == "connected"
+    assert connect(fleet, "node2", head, 6379, user=OWNER) == "connected"
+    # node4 is no member yet: even as root it cannot reach the head's GCS or a worker's raylet.
+    assert connect(fleet, "node4", head, 6379) == "refused"
+    assert connect(fleet, "node4", fleet.host("node2").address, 6380) == "refused"
+    # The submit command is the owner's alone.
+    refused = fleet.exec("node1", "p40fleet-ray-submit --nodes", user="intruder")
+    assert refused.returncode != 0 and "ray-jobs" not in refused.stdout
 
 
 def test_a_rerun_changes_nothing(fleet):

@@ -17,12 +17,10 @@ import zipfile
 import pytest
 import yaml
 
-from p40fleet.run import run_playbook
 from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
-from tests.launch_render import INPUTS, preflight_profile, render
+from tests.launch_render import INPUTS, preflight_profile, render, render_ray_submit
 from tests.pins import CUDA_HOME
 
-PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_submit.yml"
 COMPOSE = REPO_ROOT / "roles" / "launch_script" / "files" / "launch_script_compose.py"
 P40 = preflight_profile("Tesla P40", "6.1", 24576, 1)
 PLAN = {
@@ -38,27 +36,7 @@ PLAN = {
 @pytest.fixture(scope="module")
 def submit(tmp_path_factory):
     work = tmp_path_factory.mktemp("ray-submit")
-    (work / "libexec").mkdir()
-    host = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "ansible_become": False,
-        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
-        **INPUTS,
-        "gpu_preflight_profile": P40,
-        "gpu_preflight_cpu_count": 8,
-        "launch_script_path": str(work / "train_gsm8k_ppo.sh"),
-        "launch_script_work_dir": "/srv/verl-runs",
-        "ray_cluster_plan": PLAN,
-        "ray_cluster_head_address": "10.0.0.1",
-        "ray_cluster_iface": {"name": "eth0", "address": "10.0.0.1", "error": ""},
-        "ray_cluster_config_dir": str(work),
-        "ray_cluster_node_script": str(work / "libexec" / "p40fleet-ray-node"),
-        "ray_cluster_submit_script": str(work / "p40fleet-ray-submit"),
-    }
-    inventory = work / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"head": host}}}))
-    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")})
+    result = render_ray_submit(work, PLAN, pwd.getpwuid(os.getuid()).pw_name)
     assert result.rc == 0, result.stdout[-3000:]
     return work / "p40fleet-ray-submit"
 
@@ -84,11 +62,23 @@ CLUSTER = [
 ]
 
 
+# The entrypoint's words before the trainer: the launch environment read from the owner's file, the work directory.
+def prefix(work):
+    env_file = str(work / "train_gsm8k_ppo.env")
+    return [
+        *["set", "-a", "&&", "{", "[", "!", "-e", env_file, "]", "||", ".", env_file + ";", "}", "&&", "set", "+a"],
+        *["&&", "mkdir", "-p", "/srv/verl-runs", "&&", "cd", "/srv/verl-runs", "&&", "exec"],
+    ]
+
+
+TRAINER = len(prefix(REPO_ROOT)) + 3
+
+
 def test_the_job_is_the_launch_scripts_overrides_then_the_clusters(submit, launch):
     argv, env, address = printed(submit, "trainer.total_epochs=2")
-    assert argv[:6] == ["mkdir", "-p", "/srv/verl-runs", "&&", "cd", "/srv/verl-runs"]
-    assert argv[6:10] == ["&&", "exec", INPUTS["conda_env_python"], "-m"] and argv[10] == "verl.trainer.main_ppo"
-    assert argv[11:] == [*launch.overrides, *CLUSTER, "trainer.total_epochs=2"]
+    assert argv[: TRAINER - 3] == prefix(submit.parent)
+    assert argv[TRAINER - 3 : TRAINER] == [INPUTS["conda_env_python"], "-m", "verl.trainer.main_ppo"]
+    assert argv[TRAINER:] == [*launch.overrides, *CLUSTER, "trainer.total_epochs=2"]
     assert "trainer.nnodes=3" in launch.overrides
     assert env == {
         "env_vars": {
@@ -98,16 +88,17 @@ def test_the_job_is_the_launch_scripts_overrides_then_the_clusters(submit, launc
             "LD_LIBRARY_PATH": f"{CUDA_HOME}/lib64",
         }
     }
-    assert address == "http://10.0.0.1:8265"
+    # The head's dashboard on loopback: the firewall admits only the owner's and root's connections there.
+    assert address == "http://127.0.0.1:8265"
 
 
 def test_smoke_is_the_launch_scripts_smoke_for_three_nodes(submit, launch):
     argv, _, _ = printed(submit, "--smoke", "3")
     steps = [a for a in launch.smoke_overrides if a.startswith("trainer.total_training_steps=")]
     smoke = [a for a in launch.smoke_overrides if a not in steps]
-    assert argv[11:] == [*smoke, "trainer.total_training_steps=3", *CLUSTER]
-    batch = int(dict(a.split("=", 1) for a in argv[11:])["data.train_batch_size"])
-    micro = int(dict(a.split("=", 1) for a in argv[11:])["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
+    assert argv[TRAINER:] == [*smoke, "trainer.total_training_steps=3", *CLUSTER]
+    batch = int(dict(a.split("=", 1) for a in argv[TRAINER:])["data.train_batch_size"])
+    micro = int(dict(a.split("=", 1) for a in argv[TRAINER:])["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
     assert batch == 2 * micro * 1 * 3
 
 
@@ -127,7 +118,7 @@ def test_the_whole_job_composes_against_verls_config(submit, tmp_path):
     command = [sys.executable, str(COMPOSE), "--config-dir", str(tmp_path / "verl" / "trainer" / "config")]
     for entry in keys["launch_script_added_keys"]:
         command += ["--added-key", entry["key"]]
-    done = subprocess.run([*command, "--", *argv[11:]], capture_output=True, text=True, check=False)
+    done = subprocess.run([*command, "--", *argv[TRAINER:]], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     composed = yaml.safe_load(done.stdout)
     assert composed["trainer"]["nnodes"] == 3 and composed["trainer"]["n_gpus_per_node"] == 1

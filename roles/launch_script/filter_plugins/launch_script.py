@@ -13,6 +13,7 @@ verl's logs and the checkpoint directory).
 
 import hashlib
 import json
+import re
 
 KEPT = {
     "ok": bool,
@@ -29,6 +30,13 @@ KEPT = {
     "resumed": bool,
 }
 TEXT_LIMIT = 400
+# Control characters a terminal acts on (python/p40fleet/progress.py's CONTROLS, the same class; a test holds them
+# equal): removed from the owner's text before it is stored, shown in a failure or printed by `p40fleet report`.
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _text(value, limit=TEXT_LIMIT):
+    return CONTROLS.sub("", value)[:limit]
 
 
 def _typed(value, kind):
@@ -67,7 +75,7 @@ def launch_script_smoke_result(stdout, rc, steps, at=""):
     result = {key: _typed(found.get(key), kind) for key, kind in KEPT.items()}
     peaks = found.get("gpu_peak_mib") if isinstance(found.get("gpu_peak_mib"), dict) else {}
     result["gpu_peak_mib"] = {
-        str(k)[:8]: int(v) for k, v in peaks.items() if isinstance(v, int) and not isinstance(v, bool)
+        _text(str(k), 8): int(v) for k, v in peaks.items() if isinstance(v, int) and not isinstance(v, bool)
     }
     why = found.get("why") if isinstance(found.get("why"), str) else ""
     passed = (
@@ -86,9 +94,9 @@ def launch_script_smoke_result(stdout, rc, steps, at=""):
             "ok": passed,
             "rc": int(rc),
             "steps_wanted": int(steps),
-            "summary": summary[:TEXT_LIMIT] or (lines[-1][:TEXT_LIMIT] if lines else ""),
-            "why": why[:TEXT_LIMIT],
-            "at": str(at)[:40],
+            "summary": _text(summary) or (_text(lines[-1]) if lines else ""),
+            "why": _text(why),
+            "at": _text(str(at), 40),
         }
     )
     return result

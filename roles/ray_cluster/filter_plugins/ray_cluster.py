@@ -276,9 +276,83 @@ def ray_cluster_status(nodes_text, jobs_text, plan):
     }
 
 
+# The table p40fleet's ray_cluster role owns in the host's nftables: loaded whole (its file deletes and re-creates it in
+# one transaction), removed whole when the host leaves its cluster; no other table is touched.
+FIREWALL_TABLE = "p40fleet_ray"
+
+
+def ray_cluster_firewall(members, ports, owner_uid):
+    """The host's nftables ruleset for Ray, as the text of an `nft -f` file (tested by loading it in a network
+    namespace, python/tests/test_ray_cluster_firewall.py).
+
+    members: the IPv4 addresses of the cluster's members; ports: the TCP ports and ranges Ray listens on
+    ([port] or [low, high]); owner_uid: the env owner, who runs Ray. A new connection to one of those ports is
+    admitted only from a member or from this host itself, and from this host only when it is opened by the owner
+    or root: another local account can neither submit a job (dashboard on 127.0.0.1, GCS, client server) nor reach
+    a raylet, here or on another member. Only new connections are judged (`ct state new`): Ray's port 52365 lies
+    in Linux's ephemeral range, where replies to this host's own outgoing connections arrive.
+    Raises ValueError on anything that is not an address, a port or a uid."""
+    try:
+        addresses = sorted({str(ipaddress.IPv4Address(str(a))) for a in members}, key=ipaddress.IPv4Address)
+    except ValueError as error:
+        raise ValueError(f"a member's address is not an IPv4 address: {error}") from None
+    if not addresses:
+        raise ValueError("a cluster without members has no firewall")
+    spans = []
+    for entry in ports:
+        low, high = (entry[0], entry[-1]) if isinstance(entry, (list, tuple)) else (entry, entry)
+        low, high = int(low), int(high)
+        if not 0 < low <= high <= 65535:
+            raise ValueError(f"not a TCP port or range: {entry!r}")
+        spans.append((low, high))
+    spans.sort()
+    merged = []
+    for low, high in spans:
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    uid = int(owner_uid)
+    if isinstance(owner_uid, bool) or uid < 1:
+        raise ValueError(f"the owner's uid must be a positive number (the owner is never root): {owner_uid!r}")
+    elements = ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in merged)
+    table = FIREWALL_TABLE
+    return "\n".join(
+        [
+            "# Managed by p40fleet (ray_cluster): Ray's ports, for the cluster's members and the env owner only.",
+            f"table inet {table}",
+            f"delete table inet {table}",
+            f"table inet {table} {{",
+            "    set ports {",
+            "        type inet_service; flags interval;",
+            f"        elements = {{ {elements} }}",
+            "    }",
+            "    set members {",
+            "        type ipv4_addr;",
+            f"        elements = {{ {', '.join(addresses)} }}",
+            "    }",
+            "    chain input {",
+            "        type filter hook input priority filter; policy accept;",
+            '        ct state new tcp dport @ports iif "lo" accept',
+            "        ct state new tcp dport @ports ip saddr @members accept",
+            "        ct state new tcp dport @ports reject with tcp reset",
+            "    }",
+            "    chain output {",
+            "        type filter hook output priority filter; policy accept;",
+            f"        ct state new tcp dport @ports meta skuid {{ 0, {uid} }} accept",
+            '        ct state new tcp dport @ports oif "lo" reject with tcp reset',
+            "        ct state new tcp dport @ports ip daddr @members reject with tcp reset",
+            "    }",
+            "}",
+            "",
+        ]
+    )
+
+
 class FilterModule:
     def filters(self):
         return {
+            "ray_cluster_firewall": ray_cluster_firewall,
             "ray_cluster_plan": ray_cluster_plan,
             "ray_cluster_interface": ray_cluster_interface,
             "ray_cluster_readiness": ray_cluster_readiness,
