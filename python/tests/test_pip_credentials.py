@@ -27,25 +27,33 @@ def rendered(tmp_path, variables):
     return next(e["event_data"]["res"]["msg"] for e in result.events if e["event"] == "runner_on_ok")
 
 
-def lock_digest(found, options):
-    """The marker's digest as the role made it before: the lock's text, then pip's source options as one line."""
+def lock_digest(found):
+    """The marker's digest: the lock's text, then pip's sources (its environment, then its options) as one line."""
     content = Path(found["lock_source"]).read_text() + "\n" if found["lock_source"] else ""
-    return hashlib.sha1((content + " ".join(options)).encode()).hexdigest()
+    sources = [f"{k}={v}" for k, v in sorted(found["lock_pip_environment"].items())] + found["lock_pip_options"]
+    return hashlib.sha1((content + " ".join(sources)).encode()).hexdigest()
 
 
 def test_the_index_and_its_credentials_stay_off_pips_command_line(tmp_path):
     found = rendered(tmp_path, {"pytorch_index_url": INDEX})
     assert not any("pa55w0rd" in word or "mirror.example.internal" in word for word in found["lock_pip_options"])
-    assert found["lock_pip_environment"] == {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": INDEX}
-    # The lock's marker digest is the one it was when the index was on the command line: converged hosts keep it.
-    assert found["lock_digest"] == lock_digest(found, ["--index-url", INDEX, *found["lock_pip_options"]])
+    # The torch lock reads the cu118 index and PyPI (either may serve a locked file), both from the environment.
+    assert found["lock_pip_environment"] == {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": INDEX,
+        "PIP_EXTRA_INDEX_URL": "https://pypi.org/simple",
+    }
+    # The marker's digest covers the sources in the environment: another index installs the lock again.
+    assert found["lock_digest"] == lock_digest(found)
+    other = rendered(tmp_path / "other", {"pytorch_index_url": INDEX.replace("pa55w0rd", "other")})
+    assert other["lock_digest"] != found["lock_digest"]
 
 
 def test_no_index_stays_as_it_was(tmp_path):
     found = rendered(tmp_path, {"pytorch_no_index": True, "pytorch_find_links": ["/srv/wheels"]})
     assert found["lock_pip_options"][:2] == ["--no-index", "--find-links=/srv/wheels"]
     assert found["lock_pip_environment"] == {"PIP_CONFIG_FILE": "/dev/null"}
-    assert found["lock_digest"] == lock_digest(found, found["lock_pip_options"])
+    assert found["lock_digest"] == lock_digest(found)
 
 
 def test_the_envs_pip_conf_is_the_owners_alone():
