@@ -94,9 +94,10 @@ def test_the_job_is_the_launch_scripts_overrides_then_the_clusters(submit, launc
 
 def test_smoke_is_the_launch_scripts_smoke_for_three_nodes(submit, launch):
     argv, _, _ = printed(submit, "--smoke", "3")
-    steps = [a for a in launch.smoke_overrides if a.startswith("trainer.total_training_steps=")]
-    smoke = [a for a in launch.smoke_overrides if a not in steps]
-    assert argv[TRAINER:] == [*smoke, "trainer.total_training_steps=3", *CLUSTER]
+    # The launch script's smoke ends with its schedule: the steps, then a save at the last of them.
+    *smoke, steps, save = launch.smoke_overrides
+    assert (steps, save) == ("trainer.total_training_steps=5", "trainer.save_freq=5")
+    assert argv[TRAINER:] == [*smoke, "trainer.total_training_steps=3", "trainer.save_freq=3", *CLUSTER]
     batch = int(dict(a.split("=", 1) for a in argv[TRAINER:])["data.train_batch_size"])
     micro = int(dict(a.split("=", 1) for a in argv[TRAINER:])["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
     assert batch == 2 * micro * 1 * 3
