@@ -71,6 +71,20 @@ def test_an_owner_directory_is_made_in_roots_tree_and_a_rerun_changes_nothing(tr
     assert not act(root / "data", owner=OWNER)["changed"]
 
 
+def test_an_existing_root_directory_is_never_handed_to_the_owner(tree):
+    # Issue 41: a forged prefix fact named /srv/canary, and root gave the owner that directory and its contents.
+    root, _, system = tree
+    before = snapshot(system), snapshot(system / "sudoers")
+    message = refused(system, owner=OWNER)
+    assert f"{system} is a directory owned by root, mode 0755" in message
+    assert f"root gives {OWNER} only a directory it makes itself" in message
+    assert (snapshot(system), snapshot(system / "sudoers")) == before
+    # The dry run refuses it the same way; one the owner already owns is kept as it is.
+    refused(system, owner=OWNER, check_mode=True)
+    act(root / "owned", owner=OWNER)
+    assert os.lstat(root / "owned").st_uid == OWNER_UID
+
+
 def test_a_directory_swapped_for_a_symlink_is_refused_and_its_target_keeps_its_owner(tree):
     # The issue's attack: /opt/p40fleet/data/gsm8k replaced by a link to /usr/local/sbin before a re-run.
     _, owned, system = tree

@@ -11,6 +11,8 @@ owner (or any account but root) could have made, and refuses, naming the host, t
   sticky bit), or is owned by such an account;
 - a root-owned directory is asked for where the env owner controls the parent, or one already exists owned by
   someone else (a /var/tmp/p40fleet made first by another account);
+- a directory for the env owner already exists and belongs to root: root hands over only what it made in this
+  call, never an existing directory with whatever is in it (a forged path pointing at /srv or /etc);
 - a file's destination is a symlink, a FIFO, a directory or anything but a regular file.
 
 What it writes goes to a new file in the opened parent directory (O_EXCL, O_NOFOLLOW), is chowned and chmoded
@@ -232,11 +234,18 @@ def ensure_directory(params: dict, uid: int, trusted_uid: int, check_mode: bool)
             # Whoever could write it may have left anything inside.
             raise Refused(f"{real} is {describe(info)}: writable by accounts other than root")
         if info.st_uid != uid:
-            # Root's own directory handed to the owner, or one an earlier p40fleet gave the owner taken back.
-            handed = uid != 0 and info.st_uid == 0
+            # Root hands the owner only the directory it made just now: an existing root directory (/srv, /etc,
+            # or one whose contents root relies on) given away would be the owner's with everything in it. An
+            # earlier p40fleet's owner directory is taken back for root only when asked (reclaim).
+            handed = uid != 0 and info.st_uid == 0 and changed
             reclaimed = uid == 0 and params["reclaim"] and info.st_uid == trusted_uid and level == "root"
-            takeable = handed or reclaimed
-            if not takeable:
+            if uid != 0 and info.st_uid == 0 and not changed:
+                raise Refused(
+                    f"{real} is {found_at(fd, name, info)}, where a directory owned by {params['owner']} belongs; "
+                    f"root gives {params['owner']} only a directory it makes itself, never one that exists. "
+                    f"If it is meant for {params['owner']}, move it aside or chown it to {params['owner']} yourself"
+                )
+            if not (handed or reclaimed):
                 raise Refused(
                     f"{real} is {found_at(fd, name, info)}, where a directory owned by {params['owner']} belongs"
                 )
