@@ -349,3 +349,25 @@ def test_an_env_owner_not_made_yet_is_trusted_with_nothing(tmp_path):
     }
     assert path_module.run(path_module.options(arguments), False)["changed"]
     assert snapshot(tmp_path / "staging")[:2] == (0, 0o700)
+
+
+def test_a_tree_is_removed_only_through_descriptors_and_never_behind_a_swapped_parent(tree):
+    # Issue 41: the env's removal followed a link the owner put in place of envs/, and root removed a directory of
+    # that name anywhere.
+    _, owned, system = tree
+    (system / "verl-env").mkdir()
+    (system / "verl-env" / "keep").write_text("root's\n")
+    os.symlink(system, owned / "envs")
+    before = snapshot(system / "verl-env" / "keep")
+    message = refused(owned / "envs" / "verl-env", state="absent", recurse=True)
+    assert f"{owned}/envs is a symlink" in message
+    assert snapshot(system / "verl-env" / "keep") == before
+    # A real env tree goes whole; a link inside it is removed, never followed.
+    os.unlink(owned / "envs")
+    env = owned / "envs" / "verl-env"
+    (env / "bin").mkdir(parents=True)
+    os.symlink(system, env / "bin" / "escape")
+    assert refused(env, state="absent").endswith("where a file was to be removed")
+    assert act(env, state="absent", recurse=True)["changed"]
+    assert not env.exists() and snapshot(system / "verl-env" / "keep") == before
+    assert not act(env, state="absent", recurse=True)["changed"]
