@@ -97,7 +97,6 @@ def test_check_mode_runs_nothing(tmp_path):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"owner": "root", "argv": ["/bin/true"]}, "is root"),
         ({"owner": "no-such-account-p40", "argv": ["/bin/true"]}, "does not exist"),
         ({"owner": OWNER, "argv": []}, "non-empty list"),
         ({"owner": OWNER, "argv": ["/bin/true"], "environment": {"PYTHONPATH": "/x"}}, "may not set PYTHONPATH"),
@@ -131,3 +130,12 @@ def test_stdout_dest_takes_the_whole_output_into_roots_directory_only(tmp_path):
     os.symlink(roots, tmp_path / "link")
     with pytest.raises(run_module.Refused, match="cannot take the owner's output"):
         owner_run(["/bin/true"], stdout_dest=str(tmp_path / "link" / "wheel"))
+
+
+def test_a_reported_diff_is_only_the_four_strings_of_each_entry():
+    printed = {"diff": [{"before": "a\n", "after": "b\n", "before_header": "f", "ansible_facts": {"x": 1}}, "junk"]}
+    arguments = {"owner": OWNER, "argv": ["/bin/cat"], "stdin": json.dumps(printed), "report_diff": True}
+    result = run_module.run({**arguments, "_ansible_diff": True})
+    assert result["diff"] == [{"before_header": "f", "before": "a\n", "after": "b\n"}]
+    assert "diff" not in run_module.run(arguments)
+    assert run_module.run({**arguments, "stdin": "not json", "_ansible_diff": True})["diff"] == []

@@ -4,11 +4,17 @@
 set -euo pipefail
 repo=$1 dest=$2 ref=$3 force=$4
 export GIT_TERMINAL_PROMPT=0
+cloned=no
 if [ ! -e "$dest/.git" ]; then
   git clone --quiet --no-checkout -- "$repo" "$dest"
+  cloned=yes
 fi
 cd -- "$dest"
-before=$(git rev-parse -q --verify 'HEAD^{commit}' || true)
+# A clone made just now has no work tree yet: nothing was checked out before, and nothing is modified.
+before=""
+if [ "$cloned" = no ]; then
+  before=$(git rev-parse -q --verify 'HEAD^{commit}' || true)
+fi
 if [ "$force" != yes ] && [ -n "$before" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "Local modifications exist in the destination: $dest" >&2
   exit 1

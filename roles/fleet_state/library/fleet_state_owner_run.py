@@ -33,7 +33,7 @@ module: fleet_state_owner_run
 short_description: Run a command as the env owner in a child process with a clean environment; rc and output back.
 options:
   owner:
-    description: The account that runs the command (the env owner; never root).
+    description: The account that runs the command (the env owner; root only where the tree is root's own).
     type: str
     required: true
   argv:
@@ -64,6 +64,12 @@ options:
       (up to output_limit), for bytes root copies on (a built wheel): written to a new file there and renamed
       into place, never through a link; the result's stdout is then empty.
     type: str
+  report_diff:
+    description: >-
+      Under --diff, the command's stdout is JSON whose "diff" list (before, after and their headers, strings only)
+      is shown as the task's diff: the owner's text reported, never acted on.
+    type: bool
+    default: false
   umask:
     description: Octal umask of the command.
     type: str
@@ -89,7 +95,7 @@ class Refused(Exception):
 
 def options(arguments: dict) -> dict:
     known = {"owner", "argv", "chdir", "environment", "stdin", "timeout", "output_limit", "umask", "host"}
-    known.add("stdout_dest")
+    known.update(("stdout_dest", "report_diff"))
     unknown = sorted(key for key in arguments if not key.startswith("_ansible_") and key not in known)
     if unknown:
         raise Refused(f"unsupported option(s) {', '.join(unknown)}; supported: {', '.join(sorted(known))}")
@@ -151,8 +157,8 @@ def account(name: str) -> pwd.struct_passwd:
         entry = pwd.getpwnam(name)
     except KeyError:
         raise Refused(f"the account {name!r} does not exist") from None
-    if entry.pw_uid == 0:
-        raise Refused(f"{name!r} is root: this module runs commands as the env owner only")
+    # root stays possible: a tree that is root's own (verl_patches on a root checkout, a rendering run as root) has
+    # root as its owner; conda_env refuses root as the env owner.
     return entry
 
 
@@ -299,7 +305,24 @@ def run(arguments: dict) -> dict:
     if arguments.get("_ansible_check_mode"):
         # A dry run on a fresh host may only have pretended to make the owner: nothing is asked of it.
         return {"changed": False, "skipped": True, "msg": "the owner's command would run if not in check mode"}
-    return execute(params)
+    result = execute(params)
+    if arguments.get("report_diff") and arguments.get("_ansible_diff") and result["rc"] == 0:
+        result["diff"] = reported_diff(result["stdout"])
+    return result
+
+
+def reported_diff(stdout: str) -> list[dict]:
+    """The diff entries the owner's command printed, each reduced to its four strings, for display only."""
+    try:
+        entries = json.loads(stdout).get("diff") or []
+    except (ValueError, AttributeError):
+        return []
+    keys = ("before_header", "after_header", "before", "after")
+    return [
+        {key: entry[key] for key in keys if isinstance(entry.get(key), str)}
+        for entry in entries[:100]
+        if isinstance(entry, dict)
+    ]
 
 
 def main() -> None:
