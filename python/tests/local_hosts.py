@@ -31,7 +31,6 @@ def run_verl_role(run_playbook, tmp_path: Path, extra: dict):
         "conda_env_prefix": str(env),
         "conda_env_python": str(env / "bin" / "python"),
         "conda_env_owner": "nobody",
-        "conda_env_owner_exists": True,
         "verl_checkout_dir": str(tmp_path / "verl"),
         **extra,
     }

@@ -1,107 +1,95 @@
-"""A changed inventory takes effect on the next run, with fact caching on (ansible.cfg: jsonfile).
+"""No fact outlives its run (issue 41), with the checkout's ansible.cfg as an operator's plain ansible-playbook
+uses it.
 
-A cacheable set_fact outranks inventory variables for the cache's lifetime (a day): a role that
-cached its own input (cuda_toolkit_home) kept installing to the old path after the inventory moved it.
+ansible.cfg kept a jsonfile cache in the checkout's .fact_cache for a day, keyed by the host's name alone: a fact
+a forged module result carried (conda_env_install_prefix: /srv/canary) was read back by the next run of any
+inventory from that checkout with a host of that name, a fresh sandbox host among them, and outranked the role's
+defaults and the inventory. A cacheable set_fact of a role's own input did the same after the inventory changed
+(cuda_toolkit_home). The cache is the run's own now (memory), as under `p40fleet run`, whose ansible-runner
+keeps one per run; no role asks for a cacheable fact. Two runs on the controller (local connection) show it.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from p40fleet.paths import ANSIBLE_CONFIG
 from p40fleet_dev.paths import REPO_ROOT
-from tests.host_state import exists, sh
-from tests.pins import CUDA_HOME
 
-pytestmark = pytest.mark.sandbox
-
-HOST = "node1"
-FIRST_HOME = CUDA_HOME
-MOVED_HOME = "/opt/cuda-11.8-moved"
-WITNESS_PLAY = """---
-- name: Cache a witness fact
-  hosts: p40-hosts
+HOST = "fact-cache-forged-node"
+FORGE = """---
+- name: A module result that carries a fact, as the owner's hook made the conda probe's
+  hosts: all
   gather_facts: false
-  tags: [always]
   tasks:
-    - name: Cache the witness
+    - name: Forge
       ansible.builtin.set_fact:
-        fact_cache_witness: "{{ witness }}"
+        conda_env_install_prefix: /srv/canary
         cacheable: true
+"""
+READ = """---
+- name: What the next run sees
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Show
+      ansible.builtin.debug:
+        msg: "prefix={{ conda_env_install_prefix | default('unset') }}"
 """
 
 
-def cached_facts(fact_cache) -> dict:
-    # ansible-core 2.19's jsonfile cache names the file "<serialization>_<host>" (e.g. s1_node1) and
-    # wraps the facts in a payload of tagged values.
-    (path,) = [p for p in fact_cache.iterdir() if p.name == HOST or p.name.endswith("_" + HOST)]
-    data = json.loads(path.read_text())
-    facts = json.loads(data["__payload__"]) if "__payload__" in data else data
-    return {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in facts.items()}
-
-
-@pytest.fixture(scope="module")
-def cuda_play(make_sandbox, tmp_path_factory):
-    sandbox = make_sandbox("fact-cache", ["p40"])
-    reset = sandbox.exec(
-        HOST, f"rm -rf /usr/local/cuda /usr/local/cuda-* {MOVED_HOME} /etc/p40fleet /var/lib/p40fleet /var/tmp/p40fleet"
-    )
-    assert reset.returncode == 0, reset.stderr
-    play_dir = tmp_path_factory.mktemp("fact-cache")
-    fact_cache = play_dir / "fact_cache"
-    # The CUDA playbook beside its own host_vars (inventory-level variables, which a cached fact
-    # outranks), after a play that caches one witness fact: proof that these runs cache facts.
-    cuda_plays = (REPO_ROOT / "python" / "tests" / "playbooks" / "cuda_cudnn.yml").read_text().removeprefix("---\n")
-    (play_dir / "cuda.yml").write_text(WITNESS_PLAY + cuda_plays)
-    (play_dir / "host_vars").mkdir()
-    controller_cache = tmp_path_factory.mktemp("controller-cache")
-
-    def run(host_vars: dict, witness: str) -> subprocess.CompletedProcess:
-        (play_dir / "host_vars" / f"{HOST}.yml").write_text("---\n" + yaml.safe_dump(host_vars))
-        # Plain ansible-playbook, as a user runs it: ansible-runner keeps a fact cache per run only.
-        done = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "ansible-playbook"),
-                "-i",
-                str(sandbox.inventory_dir),
-                "--tags",
-                "cuda_toolkit",
-                "-e",
-                json.dumps({"artifact_fetch_controller_cache_dir": str(controller_cache), "witness": witness}),
-                str(play_dir / "cuda.yml"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={
-                **os.environ,
-                "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
-                "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(fact_cache),
-                "ANSIBLE_FORCE_COLOR": "0",
-            },
+def play(tmp_path: Path, text: str) -> str:
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(text)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {"all": {"hosts": {HOST: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
         )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return done
+    )
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_CACHE") and not k.startswith("ANSIBLE_FACT")
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env={**env, "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG), "ANSIBLE_FORCE_COLOR": "0"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
 
-    return sandbox, fact_cache, run
+
+def test_a_forged_fact_is_not_read_back_by_the_next_run(tmp_path):
+    play(tmp_path, FORGE)
+    shown = play(tmp_path, READ)
+    assert "prefix=unset" in shown, shown
+    # Nothing of the host was written where a later run (of any inventory) could read it.
+    for where in (tmp_path, REPO_ROOT, ANSIBLE_CONFIG.parent):
+        cache = where / ".fact_cache"
+        assert not any(HOST in path.name for path in cache.glob("*")) if cache.exists() else True
 
 
-def test_a_changed_cuda_toolkit_home_takes_effect_on_the_next_run(cuda_play):
-    sandbox, fact_cache, run = cuda_play
-    run({"cuda_toolkit_home": FIRST_HOME}, witness="first")
-    assert exists(sandbox, HOST, f"{FIRST_HOME}/version.json")
-    assert cached_facts(fact_cache)["fact_cache_witness"] == "first"
+def test_ansible_cfg_keeps_facts_for_the_run_only():
+    config = configparser.ConfigParser()
+    config.read(ANSIBLE_CONFIG)
+    assert config["defaults"]["fact_caching"] == "memory"
+    assert "fact_caching_connection" not in config["defaults"]
 
-    moved = run({"cuda_toolkit_home": MOVED_HOME}, witness="second")
-    assert cached_facts(fact_cache)["fact_cache_witness"] == "second"
-    assert int(re.search(rf"^{HOST}\s+: ok=\d+\s+changed=(\d+)", moved.stdout, re.MULTILINE)[1]) > 0
-    assert '"version" : "11.8.' in sh(sandbox, HOST, f"cat {MOVED_HOME}/version.json")
-    assert f"export CUDA_HOME={MOVED_HOME}\n" in sh(sandbox, HOST, "cat /etc/p40fleet/cuda-11.8.sh")
+
+def test_no_role_or_playbook_asks_for_a_cacheable_fact():
+    cached = []
+    for path in [*REPO_ROOT.glob("roles/*/tasks/*.yml"), *REPO_ROOT.glob("playbooks/*.yml")]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip().startswith("cacheable:") and "false" not in line:
+                cached.append(f"{path.relative_to(REPO_ROOT)}:{number}")
+    assert cached == [], json.dumps(cached)

@@ -406,3 +406,23 @@ def test_a_record_keeps_digests_of_the_inputs_and_an_earlier_record_is_written_a
     record(root / "state", {"cuda_toolkit": spec}, "cuda_toolkit")
     assert "pa55" not in path.read_text()
     assert run_probe(root / "state", {"cuda_toolkit": spec})["gates"] == {"cuda_toolkit": "none"}
+
+
+def test_a_link_in_the_middle_of_a_marker_path_is_not_followed(host):
+    # Issue 41: the owner swaps a directory of its tree (envs/) for a link to root's; the probe hashed and read
+    # what the link led to, through any component but the last.
+    root, spec = host
+    secret = root / "root-only"
+    secret.mkdir()
+    (secret / "marker.json").write_text('{"key": "root\'s"}')
+    os.symlink(secret, root / "home" / "envs")
+    marker = str(root / "home" / "envs" / "marker.json")
+    spec = {**spec, "files": [*spec["files"], marker], "json": {"marker": marker}, "text": {"m": marker}}
+    found = run_probe(root / "state", {"cuda_toolkit": spec})["stages"]["cuda_toolkit"]["found"]
+    assert "sha256" not in found["files"][marker] and found["files"][marker]["error"]
+    assert found["json"]["marker"] is None and found["text"]["m"] is None
+    # Through real directories the same file is read.
+    os.unlink(root / "home" / "envs")
+    os.rename(secret, root / "home" / "envs")
+    found = run_probe(root / "state", {"cuda_toolkit": spec})["stages"]["cuda_toolkit"]["found"]
+    assert found["json"]["marker"] == {"key": "root's"} and "sha256" in found["files"][marker]

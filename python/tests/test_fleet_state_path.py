@@ -71,6 +71,20 @@ def test_an_owner_directory_is_made_in_roots_tree_and_a_rerun_changes_nothing(tr
     assert not act(root / "data", owner=OWNER)["changed"]
 
 
+def test_an_existing_root_directory_is_never_handed_to_the_owner(tree):
+    # Issue 41: a forged prefix fact named /srv/canary, and root gave the owner that directory and its contents.
+    root, _, system = tree
+    before = snapshot(system), snapshot(system / "sudoers")
+    message = refused(system, owner=OWNER)
+    assert f"{system} is a directory owned by root, mode 0755" in message
+    assert f"root gives {OWNER} only a directory it makes itself" in message
+    assert (snapshot(system), snapshot(system / "sudoers")) == before
+    # The dry run refuses it the same way; one the owner already owns is kept as it is.
+    refused(system, owner=OWNER, check_mode=True)
+    act(root / "owned", owner=OWNER)
+    assert os.lstat(root / "owned").st_uid == OWNER_UID
+
+
 def test_a_directory_swapped_for_a_symlink_is_refused_and_its_target_keeps_its_owner(tree):
     # The issue's attack: /opt/p40fleet/data/gsm8k replaced by a link to /usr/local/sbin before a re-run.
     _, owned, system = tree
@@ -335,3 +349,25 @@ def test_an_env_owner_not_made_yet_is_trusted_with_nothing(tmp_path):
     }
     assert path_module.run(path_module.options(arguments), False)["changed"]
     assert snapshot(tmp_path / "staging")[:2] == (0, 0o700)
+
+
+def test_a_tree_is_removed_only_through_descriptors_and_never_behind_a_swapped_parent(tree):
+    # Issue 41: the env's removal followed a link the owner put in place of envs/, and root removed a directory of
+    # that name anywhere.
+    _, owned, system = tree
+    (system / "verl-env").mkdir()
+    (system / "verl-env" / "keep").write_text("root's\n")
+    os.symlink(system, owned / "envs")
+    before = snapshot(system / "verl-env" / "keep")
+    message = refused(owned / "envs" / "verl-env", state="absent", recurse=True)
+    assert f"{owned}/envs is a symlink" in message
+    assert snapshot(system / "verl-env" / "keep") == before
+    # A real env tree goes whole; a link inside it is removed, never followed.
+    os.unlink(owned / "envs")
+    env = owned / "envs" / "verl-env"
+    (env / "bin").mkdir(parents=True)
+    os.symlink(system, env / "bin" / "escape")
+    assert refused(env, state="absent").endswith("where a file was to be removed")
+    assert act(env, state="absent", recurse=True)["changed"]
+    assert not env.exists() and snapshot(system / "verl-env" / "keep") == before
+    assert not act(env, state="absent", recurse=True)["changed"]

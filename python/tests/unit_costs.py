@@ -28,7 +28,7 @@ SECONDS: dict[str, float] = {
     "python/tests/test_driver_hold.py": 42,
     "python/tests/test_sandbox.py": 37,
     "python/tests/test_verl_lock.py": 33,
-    "python/tests/test_fact_cache.py": 33,
+    "python/tests/test_fact_cache.py": 9,
     "python/tests/test_training_data.py": 24,
     "python/tests/test_verl_patches_rules.py": 22,
     "python/tests/test_wheel.py": 15,

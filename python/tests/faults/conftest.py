@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from tests import sandbox_removal
-from tests.faults.tools import CONDA_TMPFS, MODEL_REPO, MirrorServer, ProcessSampler
+from tests.faults.tools import CONDA_TMPFS, CONVERGED_HOST, ENV_OWNER, MODEL_REPO, MirrorServer, ProcessSampler
 from tests.pins import STAGES as SITE_STAGES
 from tests.workers import sandbox_name
 
@@ -154,6 +154,14 @@ def fleet(run_playbook):
         (shared.inventory / "host_vars" / f"{host}.yml").unlink(missing_ok=True)
         if host_vars:
             shared.host_vars(host, **host_vars)
+    # node1's env filesystem is a root-owned mount point, and root hands the owner only a directory it made itself
+    # (issue 41): the host is prepared as an operator with a filesystem of its own for the prefix would do it, the
+    # env owner made first (as conda_env makes it) and the mount point given to it.
+    shared.sh(
+        CONVERGED_HOST,
+        f"id -u {ENV_OWNER} >/dev/null 2>&1 || useradd --system --create-home --shell /bin/bash {ENV_OWNER};"
+        f" chown {ENV_OWNER}: {CONDA_TMPFS} && chmod 0755 {CONDA_TMPFS}",
+    )
     return shared
 
 

@@ -128,6 +128,69 @@ def test_code_the_env_owner_plants_never_runs_as_root(converged):
         fleet.exec(HOST, f"rm -f {site_packages}/{planted_file}", user="root")
 
 
+# --- Issue 41: no module result the owner writes ---------------------------------------------------------------
+# The owner's hook in its user site rewrites every Ansible module result printed in its Python: a fact naming a
+# root directory as the conda prefix, and a conda probe saying conda does not run. Today's main ran the owner's
+# modules in /usr/bin/python3 as the owner (become_user), took the fact and gave the owner /srv/canary.
+
+CANARY = "/srv/canary"
+FORGED = "/tmp/p40fleet-forged"
+FORGE = f"""import builtins, json, os
+_print = builtins.print
+def _forged(*args, **kwargs):
+    text = args[0] if len(args) == 1 and isinstance(args[0], str) else ""
+    if text.strip().startswith("{{") and '"invocation"' in text:
+        try:
+            result = json.loads(text)
+        except ValueError:
+            result = None
+        if isinstance(result, dict):
+            result.setdefault("ansible_facts", {{}})["conda_env_install_prefix"] = "{CANARY}"
+            if "conda=" in str(result.get("stdout", "")):
+                result["stdout"] = "conda=\\nenv_python="
+                result.pop("stdout_lines", None)
+            args = ("\\n" + json.dumps(result),)
+            open("{FORGED}-uid%d" % os.getuid(), "a").write("forged\\n")
+    return _print(*args, **kwargs)
+builtins.print = _forged
+"""
+
+
+@pytest.mark.parametrize("hook", ["usercustomize", "pth"])
+def test_a_forged_module_result_from_the_owners_python_hands_nothing_to_the_owner(converged, hook):
+    fleet, play, _, _ = converged
+    user_site = owner_sh(fleet, "/usr/bin/python3 -c 'import site; print(site.getusersitepackages())'")
+    # The hook as usercustomize.py, or as a module a .pth file in the user site imports.
+    plant = (
+        {"usercustomize.py": FORGE}
+        if hook == "usercustomize"
+        else {"p40fleet_forge.py": FORGE, "zz-forge.pth": "import p40fleet_forge\n"}
+    )
+    fleet.exec(HOST, f"rm -rf {CANARY} {FORGED}-* && mkdir -m 0755 {CANARY} && touch {CANARY}/root-file", "root")
+    commands = [f"mkdir -p {user_site}"] + [
+        f"echo {b64(text)} | base64 -d > {user_site}/{name}" for name, text in plant.items()
+    ]
+    owner_sh(fleet, " && ".join(commands))
+    try:
+        # The hook is live in the owner's system Python: a module run as the owner would print a forged result.
+        owner_sh(fleet, '/usr/bin/python3 -c \'print("\\n{\\"invocation\\": {}}")\'')
+        uid = owner_sh(fleet, "id -u")
+        assert owner_sh(fleet, f"ls {FORGED}-*") == f"{FORGED}-uid{uid}"
+        fleet.exec(HOST, f"rm -f {FORGED}-*", "root")
+        # The env's Python gone: the next run re-opens conda_env, whose probes the hook answers.
+        owner_sh(fleet, f"rm -f {ENV}/bin/python*")
+        rerun = play()
+        canary = fleet.exec(HOST, f"stat -c '%U %a' {CANARY} {CANARY}/root-file; ls -A {CANARY}", "root").stdout
+        assert canary.split("\n")[:3] == ["root 755", "root 644", "root-file"], canary
+        # No result the hook wrote reached Ansible: no p40fleet process imported it.
+        assert fleet.exec(HOST, f"ls {FORGED}-* 2>/dev/null", "root").stdout.strip() == ""
+        assert rerun.rc == 0, failures(rerun)
+        assert fleet.exec(HOST, f"stat -c %U {ENV}/bin/python", "root").stdout.strip() == OWNER
+    finally:
+        owner_sh(fleet, "rm -f " + " ".join(f"{user_site}/{name}" for name in plant))
+        fleet.exec(HOST, f"rm -rf {CANARY} {FORGED}-*", "root")
+
+
 # --- Issue 20: the env owner cannot become root ------------------------------------------------------------
 # Each attack is what the env owner (or another account) can do on a converged host; the next run must refuse,
 # naming the host, the path and what it found, and leave every system file's owner and content as they were.

@@ -5,13 +5,25 @@ argv: WHEEL BUILD_LOG MODULE...
 """
 
 import json
+import os
+import stat
 import sys
 import zipfile
 
+
+def open_regular(path: str, mode: str = "rb", **kwargs):
+    """Both files are in the owner's directory: never through a link it planted, never blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        sys.exit(f"{path} is not a regular file: refused")
+    return os.fdopen(fd, mode, **kwargs)
+
+
 wheel, log, *expected = sys.argv[1:]
-with zipfile.ZipFile(wheel) as archive:
+with open_regular(wheel) as handle, zipfile.ZipFile(handle) as archive:
     # Top-level extension modules: NAME.cpython-310-x86_64-linux-gnu.so (or NAME.so / NAME.abi3.so).
     built = {name.split(".", 1)[0] for name in archive.namelist() if "/" not in name and name.endswith(".so")}
-with open(log, errors="replace") as handle:
+with open_regular(log, "r", errors="replace") as handle:
     serial = "we could not find ninja" in handle.read()
 print(json.dumps({"missing": [m for m in expected if m not in built], "built": sorted(built), "serial": serial}))

@@ -11,7 +11,11 @@ owner (or any account but root) could have made, and refuses, naming the host, t
   sticky bit), or is owned by such an account;
 - a root-owned directory is asked for where the env owner controls the parent, or one already exists owned by
   someone else (a /var/tmp/p40fleet made first by another account);
-- a file's destination is a symlink, a FIFO, a directory or anything but a regular file.
+- a directory for the env owner already exists and belongs to root: root hands over only what it made in this
+  call, never an existing directory with whatever is in it (a forged path pointing at /srv or /etc);
+- a file's destination is a symlink, a FIFO, a directory or anything but a regular file;
+- a path to remove lies behind a link the owner could have made (an `envs/` swapped for a link to /etc): the
+  walk refuses it before anything is removed, and a tree (recurse) is removed through descriptors only.
 
 What it writes goes to a new file in the opened parent directory (O_EXCL, O_NOFOLLOW), is chowned and chmoded
 through its descriptor and renamed over the destination: a link planted at the last moment is replaced, never
@@ -27,6 +31,7 @@ import contextlib
 import json
 import os
 import pwd
+import shutil
 import stat
 import sys
 
@@ -41,7 +46,7 @@ options:
     type: path
     required: true
   state:
-    description: directory, file (write content) or absent (remove a file; never a directory).
+    description: directory, file (write content) or absent (remove a file; a directory's tree only with recurse).
     type: str
     choices: [directory, file, absent]
     default: directory
@@ -65,6 +70,12 @@ options:
   content_base64:
     description: The file's content, base64 (state file), for bytes that are not text.
     type: str
+  recurse:
+    description: >-
+      With state absent, a directory found at the path is removed with everything in it, through descriptors
+      (no link inside is followed; a link at the path itself is removed, not its target).
+    type: bool
+    default: false
   reclaim:
     description: >-
       A root-owned directory found owned by the trusted owner (left so by an earlier p40fleet) is taken back for
@@ -232,11 +243,18 @@ def ensure_directory(params: dict, uid: int, trusted_uid: int, check_mode: bool)
             # Whoever could write it may have left anything inside.
             raise Refused(f"{real} is {describe(info)}: writable by accounts other than root")
         if info.st_uid != uid:
-            # Root's own directory handed to the owner, or one an earlier p40fleet gave the owner taken back.
-            handed = uid != 0 and info.st_uid == 0
+            # Root hands the owner only the directory it made just now: an existing root directory (/srv, /etc,
+            # or one whose contents root relies on) given away would be the owner's with everything in it. An
+            # earlier p40fleet's owner directory is taken back for root only when asked (reclaim).
+            handed = uid != 0 and info.st_uid == 0 and changed
             reclaimed = uid == 0 and params["reclaim"] and info.st_uid == trusted_uid and level == "root"
-            takeable = handed or reclaimed
-            if not takeable:
+            if uid != 0 and info.st_uid == 0 and not changed:
+                raise Refused(
+                    f"{real} is {found_at(fd, name, info)}, where a directory owned by {params['owner']} belongs; "
+                    f"root gives {params['owner']} only a directory it makes itself, never one that exists. "
+                    f"If it is meant for {params['owner']}, move it aside or chown it to {params['owner']} yourself"
+                )
+            if not (handed or reclaimed):
                 raise Refused(
                     f"{real} is {found_at(fd, name, info)}, where a directory owned by {params['owner']} belongs"
                 )
@@ -314,7 +332,15 @@ def ensure_absent(params: dict, uid: int, trusted_uid: int, check_mode: bool) ->
         if info is None:
             return {"changed": False, "path": real}
         if stat.S_ISDIR(info.st_mode):
-            raise Refused(f"{real} is {describe(info)}, where a file was to be removed")
+            if not params["recurse"]:
+                raise Refused(f"{real} is {describe(info)}, where a file was to be removed")
+            if not check_mode:
+                # The fd-based rmtree: every directory below is opened without following a link and checked to be
+                # the one listed, so a link the owner swaps in mid-removal leads nowhere.
+                if not shutil.rmtree.avoids_symlink_attacks:
+                    raise Refused(f"{real}: this host's Python cannot remove a tree without following links")
+                shutil.rmtree(name, dir_fd=fd)
+            return {"changed": True, "path": real}
         # unlink removes the name, never what a link points at.
         if not check_mode:
             os.unlink(name, dir_fd=fd)
@@ -333,6 +359,7 @@ OPTIONS = {
     "content": ((str, type(None)), None),
     "content_base64": ((str, type(None)), None),
     "reclaim": ((bool,), False),
+    "recurse": ((bool,), False),
     "host": ((str,), "this host"),
 }
 

@@ -116,12 +116,63 @@ RECORD_SCHEMA = 1
 DPKG_STATUS = "/var/lib/dpkg/status"
 
 
+FOLLOW_LIMIT = 40
+
+
+def open_parent(path: str) -> tuple[int, str]:
+    """A descriptor of the directory holding path's last component, and that name, reached from / one component
+    at a time: a link on the way is followed only where root made it in a directory only root can write (an
+    administrator's /var/run, p40fleet's /usr/local/cuda); one the env owner could have made (an `envs/` swapped
+    for a link) raises ELOOP, so nothing behind it is read or hashed."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not path.startswith("/") or ".." in parts or not parts:
+        raise OSError(errno.EINVAL, "not a plain absolute path", path)
+    follows = 0
+    while True:
+        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+        walked, trusted, restart = "", True, None
+        try:
+            for index, name in enumerate(parts[:-1]):
+                info = os.lstat(name, dir_fd=fd)
+                if stat.S_ISLNK(info.st_mode):
+                    if not trusted or info.st_uid != 0 or follows >= FOLLOW_LIMIT:
+                        raise OSError(errno.ELOOP, "a link root does not trust on the way", f"{walked}/{name}")
+                    follows += 1
+                    target = os.readlink(name, dir_fd=fd)
+                    base = target if target.startswith("/") else f"{walked}/{target}"
+                    restart = [p for p in os.path.normpath(base).split("/") if p] + parts[index + 1 :]
+                    break
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                opened = os.fstat(fd)
+                trusted = trusted and opened.st_uid == 0 and not stat.S_IMODE(opened.st_mode) & 0o022
+                walked = f"{walked}/{name}"
+        except BaseException:
+            os.close(fd)
+            raise
+        if restart is None:
+            return fd, parts[-1]
+        os.close(fd)
+        parts = restart
+
+
+def walked_lstat(path: str) -> os.stat_result:
+    fd, name = open_parent(path)
+    try:
+        return os.lstat(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def identity(path: str) -> dict | None:
     """What a path is, without following it: None when absent."""
     try:
-        info = os.lstat(path)
-    except OSError:
+        info = walked_lstat(path)
+    except FileNotFoundError:
         return None
+    except OSError as error:
+        return {"error": error.strerror}
     found: dict = {"uid": info.st_uid, "mode": f"{stat.S_IMODE(info.st_mode):04o}"}
     if stat.S_ISLNK(info.st_mode):
         return {"link": os.readlink(path), "uid": info.st_uid}
@@ -143,9 +194,14 @@ def identity(path: str) -> dict | None:
 
 
 def open_regular(path: str) -> int:
-    """A descriptor of a regular file, never through a final link and never blocking: a FIFO the env owner
-    planted opens at once (O_NONBLOCK) and is refused, as is anything else that is not a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    """A descriptor of a regular file, never through a link root does not trust (open_parent) or a final link, and
+    never blocking: a FIFO the env owner planted opens at once (O_NONBLOCK) and is refused, as is anything else
+    that is not a regular file."""
+    parent, name = open_parent(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+    finally:
+        os.close(parent)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", path)

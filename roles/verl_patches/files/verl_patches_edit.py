@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Make every edit of a patch set in one call, as the verl checkout's owner (the role runs it with become_user).
+"""Make every edit of a patch set in one call, as the verl checkout's owner (fleet_state_owner_run runs it).
 
 It replaced a lineinfile task and a replace task looped over the entries, and a copy task looped over the files
 to restore: about 15 module runs per apply, each a round trip, now one. The edits are the ones those modules made,
@@ -16,8 +16,10 @@ computed first and every anchor's count is checked on what it edits: a mismatch 
 is written. A file is written only when its content changes: a new file beside it (O_EXCL), the old one's mode,
 renamed over it. Check mode writes nothing; with --diff the result carries each file's before and after.
 
-It runs as the owner and touches only the owner's checkout: nothing here crosses the privilege boundary. A plain
-script in Ansible's JSON-arguments module style, like fleet_state_path: no module_utils to unpack per run.
+It runs as the owner and touches only the owner's checkout: nothing here crosses the privilege boundary. It is no
+Ansible module (a module run as the owner could forge its result, issue 41): the role starts it with
+`python3 -I -S -c` through fleet_state_owner_run, its options as JSON on stdin, and reads its JSON stdout only to
+report what changed.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ import os
 import re
 import stat
 import sys
-
-ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
 
 DOCUMENTATION = r"""
 module: verl_patches_edit
@@ -195,7 +195,7 @@ def options(arguments: dict) -> dict:
 
 
 def main() -> None:
-    arguments = json.loads(ARGUMENTS)
+    arguments = json.load(sys.stdin)
     host = str(arguments.get("host", "this host"))
     try:
         result = run(

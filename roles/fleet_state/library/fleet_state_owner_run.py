@@ -1,0 +1,342 @@
+#!/usr/bin/python3
+"""Root's one way to have the env owner run something: a child process of the owner, whose output is data.
+
+A task with `become_user: <owner>` runs its Ansible module in the system Python as the owner, which imports the
+owner's ~/.local usercustomize and .pth files: the owner can then rewrite the module's JSON result, ansible_facts
+included, and Ansible trusts it as a fact (issue 41). This module runs as root instead, in root's Python, and
+starts the command as a child with the owner's uid, primary group and supplementary groups (initgroups), a clean
+environment (the system PATH unless the task sets its own, HOME from the account database, no PYTHON* variable
+but PYTHONNOUSERSITE=1 for Pythons started through a shebang; a Python the task starts itself takes -I), umask
+022 unless asked, its own session (the whole process group is killed at the time limit) and `chdir` entered by
+the owner, after the switch. Only rc, stdout and stderr come back, each capped in size and stripped of control
+characters: strings in a result root builds, never facts, never a module result the owner wrote. A plain script
+in Ansible's JSON-arguments module style, like fleet_state_path beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
+
+DOCUMENTATION = r"""
+module: fleet_state_owner_run
+short_description: Run a command as the env owner in a child process with a clean environment; rc and output back.
+options:
+  owner:
+    description: The account that runs the command (the env owner; root only where the tree is root's own).
+    type: str
+    required: true
+  argv:
+    description: The command and its arguments (no shell unless argv names one).
+    type: list
+    required: true
+  chdir:
+    description: Directory the command starts in, entered by the owner after the switch.
+    type: str
+  environment:
+    description: Variables over the clean base (PATH among them); HOME, USER, LOGNAME, SHELL and PYTHON* are refused.
+    type: dict
+  stdin:
+    description: Text written to the command's standard input (closed after it).
+    type: str
+    default: ""
+  timeout:
+    description: Seconds before the command's whole process group is killed and the task fails.
+    type: int
+    default: 3600
+  output_limit:
+    description: Bytes of stdout kept (the first) and of stderr kept (the last); the rest is read and dropped.
+    type: int
+    default: 1048576
+  stdout_dest:
+    description: >-
+      A file in a directory of root's alone (root-owned, writable by nobody else) that receives the whole stdout
+      (up to output_limit), for bytes root copies on (a built wheel): written to a new file there and renamed
+      into place, never through a link; the result's stdout is then empty.
+    type: str
+  report_diff:
+    description: >-
+      Under --diff, the command's stdout is JSON whose "diff" list (before, after and their headers, strings only)
+      is shown as the task's diff: the owner's text reported, never acted on.
+    type: bool
+    default: false
+  umask:
+    description: Octal umask of the command.
+    type: str
+    default: "0022"
+  host:
+    description: The host's inventory name, for messages.
+    type: str
+    default: this host
+"""
+
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# PATH may be set by the task (a build's compilers first), from root's own variables; who the child is may not.
+FIXED = ("HOME", "USER", "LOGNAME", "SHELL")
+# Tabs and newlines stay; every other control character (terminal escapes among them) goes.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+# Enters chdir as the owner: a link the owner planted leads only where the owner could go anyway.
+CHDIR = 'cd -- "$1" || exit 126; shift; exec "$@"'
+
+
+class Refused(Exception):
+    """A request this module does not run: the message names what is wrong."""
+
+
+def options(arguments: dict) -> dict:
+    known = {"owner", "argv", "chdir", "environment", "stdin", "timeout", "output_limit", "umask", "host"}
+    known.update(("stdout_dest", "report_diff"))
+    unknown = sorted(key for key in arguments if not key.startswith("_ansible_") and key not in known)
+    if unknown:
+        raise Refused(f"unsupported option(s) {', '.join(unknown)}; supported: {', '.join(sorted(known))}")
+    owner = arguments.get("owner")
+    if not isinstance(owner, str) or not owner:
+        raise Refused("option owner is required")
+    argv = arguments.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(item, (str, int, float)) for item in argv):
+        raise Refused("option argv must be a non-empty list of strings")
+    environment = arguments.get("environment") or {}
+    if not isinstance(environment, dict):
+        raise Refused("option environment must be a dict")
+    for key in environment:
+        if key in FIXED or str(key).startswith("PYTHON"):
+            raise Refused(f"option environment may not set {key}: the owner's environment is fixed")
+    try:
+        umask = int(str(arguments.get("umask") or "0022"), 8)
+        timeout = int(arguments.get("timeout") or 3600)
+        limit = int(arguments.get("output_limit") or 1048576)
+    except ValueError as error:
+        raise Refused(f"bad umask, timeout or output_limit: {error}") from None
+    chdir = arguments.get("chdir")
+    if chdir is not None and (not isinstance(chdir, str) or not chdir.startswith("/")):
+        raise Refused(f"option chdir must be an absolute path, got {chdir!r}")
+    dest = arguments.get("stdout_dest")
+    if dest is not None and (not isinstance(dest, str) or not dest.startswith("/") or dest.endswith("/")):
+        raise Refused(f"option stdout_dest must be an absolute file path, got {dest!r}")
+    return {
+        "dest": dest,
+        "owner": owner,
+        "argv": [str(item) for item in argv],
+        "chdir": chdir,
+        "environment": {str(k): str(v) for k, v in environment.items()},
+        "stdin": str(arguments.get("stdin") or ""),
+        "timeout": timeout,
+        "limit": limit,
+        "umask": umask,
+    }
+
+
+def open_roots_directory(path: str) -> int:
+    """The directory for stdout_dest, opened without following a last link, and only if it is root's alone."""
+    try:
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as error:
+        raise Refused(f"{os.path.dirname(path)} cannot take the owner's output: {error}") from None
+    info = os.fstat(fd)
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        os.close(fd)
+        raise Refused(
+            f"{os.path.dirname(path)} is not a directory of root's alone (uid {info.st_uid}, "
+            f"mode {info.st_mode & 0o7777:04o}): the owner's output is written only there"
+        )
+    return fd
+
+
+def account(name: str) -> pwd.struct_passwd:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise Refused(f"the account {name!r} does not exist") from None
+    # root stays possible: a tree that is root's own (verl_patches on a root checkout, a rendering run as root) has
+    # root as its owner; conda_env refuses root as the env owner.
+    return entry
+
+
+def clean_environment(entry: pwd.struct_passwd, extra: dict) -> dict:
+    base = {
+        "PATH": PATH,
+        "HOME": entry.pw_dir,
+        "USER": entry.pw_name,
+        "LOGNAME": entry.pw_name,
+        "SHELL": "/bin/sh",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        # conda's and pip's entry scripts start Python through a shebang, where -I cannot be passed.
+        "PYTHONNOUSERSITE": "1",
+    }
+    return {**base, **extra}
+
+
+def clean_text(data: bytes) -> str:
+    return CONTROL.sub("", data.decode("utf-8", errors="replace"))
+
+
+def execute(params: dict) -> dict:
+    entry = account(params["owner"])
+    argv = params["argv"]
+    if params["chdir"]:
+        argv = ["/bin/sh", "-c", CHDIR, "sh", params["chdir"], *argv]
+    groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    sink = None
+    if params["dest"]:
+        dest_dir = open_roots_directory(params["dest"])
+        temp = f".{os.path.basename(params['dest'])}.p40fleet-{os.getpid()}"
+        sink = os.fdopen(
+            os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dest_dir), "wb"
+        )
+    started = time.monotonic()
+    try:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_environment(entry, params["environment"]),
+            cwd="/",
+            user=entry.pw_uid,
+            group=entry.pw_gid,
+            extra_groups=groups,
+            umask=params["umask"],
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as error:
+        raise Refused(f"could not start {argv[0]} as {entry.pw_name}: {error}") from None
+    limit, out, err = params["limit"], bytearray(), bytearray()
+    out_dropped = err_dropped = out_written = 0
+    selector = selectors.DefaultSelector()
+    selector.register(child.stdout, selectors.EVENT_READ, "out")
+    selector.register(child.stderr, selectors.EVENT_READ, "err")
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.write(params["stdin"].encode())
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.close()
+    deadline = started + params["timeout"]
+    timed_out = False
+    while selector.get_map():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        for key, _ in selector.select(min(remaining, 5)):
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if not chunk:
+                selector.unregister(key.fileobj)
+                continue
+            if key.data == "out" and sink is not None:
+                keep = max(0, min(len(chunk), limit - out_written))
+                sink.write(chunk[:keep])
+                out_written += keep
+                out_dropped += len(chunk) - keep
+            elif key.data == "out":
+                keep = max(0, min(len(chunk), limit - len(out)))
+                out += chunk[:keep]
+                out_dropped += len(chunk) - keep
+            else:
+                err += chunk
+                if len(err) > limit:
+                    err_dropped += len(err) - limit
+                    del err[: len(err) - limit]
+    if timed_out:
+        kill_group(child)
+    try:
+        rc = child.wait(timeout=max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(child)
+        rc = child.wait()
+    selector.close()
+    child.stdout.close()
+    child.stderr.close()
+    if sink is not None:
+        sink.close()
+        temp = f".{os.path.basename(params['dest'])}.p40fleet-{os.getpid()}"
+        try:
+            if rc == 0 and not timed_out and not out_dropped:
+                os.rename(temp, os.path.basename(params["dest"]), src_dir_fd=dest_dir, dst_dir_fd=dest_dir)
+            else:
+                os.unlink(temp, dir_fd=dest_dir)
+        finally:
+            os.close(dest_dir)
+    result = {
+        "rc": rc,
+        "stdout": clean_text(bytes(out)),
+        "stderr": clean_text(bytes(err)),
+        "cmd": params["argv"],
+        "owner": entry.pw_name,
+        "delta": round(time.monotonic() - started, 3),
+        "changed": True,
+    }
+    if sink is not None:
+        result["stdout_written"] = out_written
+    if out_dropped or err_dropped:
+        result["output_dropped"] = {"stdout": out_dropped, "stderr": err_dropped}
+        if sink is not None:
+            result["failed"] = True
+            result["msg"] = f"the output of {params['argv'][0]} passed output_limit: {params['dest']} was not written"
+    if timed_out:
+        result["failed"] = True
+        result["timed_out"] = True
+        result["msg"] = f"{params['argv'][0]} as {entry.pw_name} ran past its limit of {params['timeout']} s: killed"
+    elif rc != 0:
+        result["failed"] = True
+        result["msg"] = f"{params['argv'][0]} as {entry.pw_name} exited with rc {rc}"
+    return result
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+
+
+def run(arguments: dict) -> dict:
+    """The module's result for its arguments: only what root built from the child's rc and output."""
+    params = options(arguments)
+    if arguments.get("_ansible_check_mode"):
+        # A dry run on a fresh host may only have pretended to make the owner: nothing is asked of it.
+        return {"changed": False, "skipped": True, "msg": "the owner's command would run if not in check mode"}
+    result = execute(params)
+    if arguments.get("report_diff") and arguments.get("_ansible_diff") and result["rc"] == 0:
+        result["diff"] = reported_diff(result["stdout"])
+    return result
+
+
+def reported_diff(stdout: str) -> list[dict]:
+    """The diff entries the owner's command printed, each reduced to its four strings, for display only."""
+    try:
+        entries = json.loads(stdout).get("diff") or []
+    except (ValueError, AttributeError):
+        return []
+    keys = ("before_header", "after_header", "before", "after")
+    return [
+        {key: entry[key] for key in keys if isinstance(entry.get(key), str)}
+        for entry in entries[:100]
+        if isinstance(entry, dict)
+    ]
+
+
+def main() -> None:
+    arguments = json.loads(ARGUMENTS)
+    host = str(arguments.get("host", "this host"))
+    try:
+        result = run(arguments)
+    except Refused as error:
+        result = {"failed": True, "msg": f"{host}: fleet_state_owner_run: {error}"}
+    shown = {k: v for k, v in arguments.items() if k not in ("stdin", "environment")}
+    result["invocation"] = {"module_args": shown}
+    print(json.dumps(result))
+    sys.exit(1 if result.get("failed") else 0)
+
+
+if __name__ == "__main__":
+    main()
