@@ -1,4 +1,5 @@
-"""Privilege boundaries of the whole pipeline (issue 9), on the fault suite's converged node1 (faults/conftest.py).
+"""Privilege boundaries of the whole pipeline (docs/privilege-model.md), on the fault suite's converged node1
+(faults/conftest.py).
 
 Real fleets log in as an ordinary user with sudo: site.yml must converge and be idempotent that way and
 with root login (root login: conftest's site_fleet, test_checklist.py). Password-less sudo is what the role
@@ -128,7 +129,7 @@ def test_code_the_env_owner_plants_never_runs_as_root(converged):
         fleet.exec(HOST, f"rm -f {site_packages}/{planted_file}", user="root")
 
 
-# --- Issue 20: the env owner cannot become root ------------------------------------------------------------
+# --- The env owner cannot become root ---------------------------------------------------------------------
 # Each attack is what the env owner (or another account) can do on a converged host; the next run must refuse,
 # naming the host, the path and what it found, and leave every system file's owner and content as they were.
 # They reuse the converged fleet above.
