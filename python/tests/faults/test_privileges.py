@@ -1,4 +1,4 @@
-"""Privilege boundaries of the whole pipeline (docs/privilege-model.md), on the fault suite's converged node1
+"""Privilege boundaries of the whole pipeline (README.md, "Privilege model"), on the fault suite's converged node1
 (faults/conftest.py).
 
 Real fleets log in as an ordinary user with sudo: site.yml must converge and be idempotent that way and
