@@ -1,7 +1,7 @@
 """What each host now is: built from data, the runs' events and what the state directory kept.
 
 Two sources, both saved per inventory in the state directory (hosts.json) after every run:
-- the fleet_state probe's result (issue 14's contract: top-level `preflight`, `verified`,
+- the fleet_state probe's result (its contract: top-level `preflight`, `verified`,
   `reverify`, `stages`), taken from the runner_on_ok event whose `res` has a `stages` key; a
   `p40fleet report --refresh` runs playbooks/state.yml, which runs only that probe;
 - gpu_preflight's published state (`gpu_preflight_state_content`, the same content the probe reads

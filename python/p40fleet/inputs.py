@@ -201,6 +201,8 @@ def load_inventory(
         # An inventory Ansible cannot parse is an error here, not a warning and an empty fleet.
         "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
         "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
+        # A limit that matches nothing is this module's own finding, with its own words (check_inputs).
+        "ANSIBLE_HOST_PATTERN_MISMATCH": "warning",
     }
     key = listing_key(inventory, argv, run_env, playbook_dir) if cache_dir is not None else None
     data = _cached_listing(cache_dir, key) if key else None

@@ -3,7 +3,8 @@
 `make test` runs verl's and transformers' real code in it (python/tests/cpu/), where a GPU is not needed to show a
 behaviour: the hf rollout's positions, the validation batch's chunking. Its files are the verl lock's (the hosts'
 own set) and python/tests/fixtures/cpu-torch-2.6.0-py311.lock.txt (torch from PyPI and what it pulls in), fetched
-once by `make fixtures` with every sha256 checked, then installed here with pip's hash-checking mode and no index.
+once by `make fixtures` with every sha256 checked, then installed on the test machine with pip's hash-checking mode
+and no index.
 The two sdists of the verl lock are built into wheels first, from their checked sdists, as the GPU bundle does.
 The venv is made in a temporary directory and renamed into place, keyed by the locks' digest: an interrupted build
 is made again, never taken for a finished one.

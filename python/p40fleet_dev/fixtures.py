@@ -5,7 +5,7 @@ Real third-party files (verl's sdist and the wheels its config needs) are fetche
 the sandbox's verl dependency lock and of the PyPI part of its torch lock (fetch_locked_wheels), which the
 sandbox mirror serves, and the wheels of
 p40fleet's own dependencies (fetch_package_dependencies: a fresh venv installs the p40fleet wheel offline).
-Stand-ins for what cannot be downloaded here (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are
+Stand-ins for what cannot be downloaded by the tests (the CUDA runfile, cuDNN, Miniconda, torch cu118 wheels, Apex) are
 built by the modules in python/tests/fixtures/standins/artifacts/, each exposing
 `build(out_dir, upstream_dir) -> dict` of the inventory variables that point the roles at them.
 """

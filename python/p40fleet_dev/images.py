@@ -1,6 +1,6 @@
 """Converged host images: one sandbox host taken through site.yml once, its disk kept as a podman image, so a
 test that needs converged hosts starts copies of it in seconds (Sandbox.up(image=...)) where converging each
-costs minutes on the build machine's cores.
+costs minutes on the test machine's cores.
 
 An image is keyed by what the converge depends on: the digest of the files that drive it (roles, playbooks,
 site.yml, the fleet-wide inventory variables, ansible.cfg, p40fleet's own package and the host stand-ins), the

@@ -56,7 +56,7 @@ IMAGE_PACKAGES = ("python3", "python3-apt", "openssh-server", "sudo")
 STANDIN_PACKAGES = ("python3-venv", "python3-dev")
 HOST_PREREQS_VARS = ROLES_DIR / "host_prereqs" / "vars"
 # dpkg's fsync after each file it unpacks guards against the machine losing power mid-install. A sandbox host is a
-# container on the build machine's kernel: a stopped or killed container loses nothing the page cache holds, so the
+# container on the test machine's kernel: a stopped or killed container loses nothing the page cache holds, so the
 # syncs only cost time (host_prereqs' compilers: 15.1 s to 12.6 s a host). The usual setting of container images.
 DPKG_SPEEDUP = "force-unsafe-io"
 MIRROR_PORT = 8080
@@ -70,8 +70,8 @@ APT_SUITES_PORT = 8082
 GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
 NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
 # What preflight asks of a sandbox host's disk, per install path. The stand-ins take megabytes, and a sandbox host's
-# filesystems are the build machine's: asking for the real artifacts' 47 GiB made every test hang on how full the
-# build machine was (CI failed at 43.7 GiB free). The real figures stay in gpu_preflight's defaults, held by
+# filesystems are the test machine's: asking for the real artifacts' 47 GiB made every test hang on how full the
+# test machine was (CI failed at 43.7 GiB free). The real figures stay in gpu_preflight's defaults, held by
 # test_gpu_preflight_rules; a too-small disk is shown with tmpfs hosts (test_sandbox, fault case 6).
 SANDBOX_DISK_GIB = 1
 # Hosts a sandbox starts side by side.
@@ -142,7 +142,7 @@ def gpu_profiles() -> dict[str, dict]:
 
 
 # sshd's key, which each host's start waits for and known_hosts records. `ssh-keygen -A` makes it last, after an
-# RSA key: seconds of CPU on a busy build machine (5 s were too few for a fleet of 23 starting during CI).
+# RSA key: seconds of CPU on a busy test machine (5 s were too few for a fleet of 23 starting during CI).
 SSHD_HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
 HOST_KEY_WAIT_S = 60
 
@@ -497,7 +497,7 @@ class Sandbox:
         in: `sudo` (the ordinary user `ops`, password-less sudo), `sudo-password` (ops, sudo asks for
         the password in become_password_file) or `root`. `os_name` is a key of OS_RELEASES. `tmpfs` gives
         hosts small filesystems of their own, {host name: {path: size}}: a disk that is too small or fills up,
-        without touching the build machine's disk. `services` starts the stand-in service manager on every host
+        without touching the test machine's disk. `services` starts the stand-in service manager on every host
         (`systemctl` answers there), for roles that run systemd units. `image` starts every host from a
         converged host's disk (p40fleet_dev.images.converged_image, built for the same OS; the login is set up as
         each host starts) instead of a bare one."""
@@ -675,7 +675,7 @@ class Sandbox:
             "-c",
             SERVICES_HOST_COMMAND if services else SSHD_COMMAND,
         )
-        # Everything else a started host needs, in one `podman exec` (each costs the build machine a podman, a
+        # Everything else a started host needs, in one `podman exec` (each costs the test machine a podman, a
         # conmon and a runc): each step named, its output kept for the error; the password only on stdin.
         steps = []
         if login != "root":

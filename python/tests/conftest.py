@@ -234,8 +234,9 @@ def site_fleet(make_sandbox, run_playbook, tmp_path_factory, request):
     .prereqs_only (--tags host_prereqs, then),
     .first and .second (two real runs), .play(**run_playbook kwargs) for more, and .apex_cache (the controller's
     Apex wheel cache the runs share: node1 builds the wheel, node2 installs it).
-    The fleet logs in as root: issue 9 asks site.yml to converge and re-run unchanged with root login as with an
-    ordinary user with sudo (test_privileges.py, with a sudo password; test_bundle.py and the role fleets, without).
+    The fleet logs in as root: the privilege model (README.md, "Privilege model") asks site.yml to converge and re-run
+    unchanged with root login as with an ordinary user with sudo (test_privileges.py, with a sudo password;
+    test_bundle.py and the role fleets, without).
     node2's /usr/local/cuda already points at the CUDA home before the first run, as on a host someone set up by
     hand: a valid host the cuda_toolkit role leaves as it found it, which the checklist must pass.
     When a test of the session starts from `site_image`, node1's disk after the two runs is kept as that image."""

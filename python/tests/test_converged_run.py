@@ -1,4 +1,4 @@
-"""A converged fleet in one round trip (issue 14), on the two-host sandbox that runs site.yml (conftest.py).
+"""A converged fleet in one round trip, on the two-host sandbox that runs site.yml (conftest.py).
 
 The state probe (roles/fleet_state) reads every stage's markers once per host; each stage's one gate (its `when`
 in site.yml) skips the stage where the host matches its record. Proven here on real hosts: a stage runs alone

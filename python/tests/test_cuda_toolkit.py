@@ -1,4 +1,4 @@
-"""cuda_toolkit on sandbox hosts with the stand-in runfile: the acceptance list of issue 4.
+"""cuda_toolkit on sandbox hosts with the stand-in runfile: what the role promises.
 
 node1 starts with no CUDA at all; node2 starts with another toolkit (/usr/local/cuda-12.2) that
 /usr/local/cuda points at. The stand-in installer re-points /usr/local/cuda as soon as it starts, so

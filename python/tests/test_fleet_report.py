@@ -1,5 +1,5 @@
 """`p40fleet report`: what each host now is, built from data (synthetic ansible-runner events shaped
-like issue 14's fleet_state contract and gpu_preflight's published state; no containers), as JSON
+like fleet_state's published contract and gpu_preflight's published state; no containers), as JSON
 and as one static HTML page, rendered by headless Chromium into a screenshot people can look at."""
 
 from __future__ import annotations
@@ -453,7 +453,7 @@ HOSTILE = '"><script>alert(document.cookie)</script><b x="'
 
 
 def test_host_supplied_text_is_escaped_and_markers_that_are_no_mapping_do_not_crash():
-    # Issue 20: a host's verified.json said what verified_at is, printed unescaped; a list where a marker's JSON
+    # A regression: a host's verified.json said what verified_at is, printed unescaped; a list where a marker's JSON
     # object belongs crashed `p40fleet report`.
     found = stages()
     found["apex"]["found"]["json"]["marker"] = ["not", "a", "mapping"]

@@ -323,7 +323,7 @@ def test_a_stage_that_reaches_variables_by_a_computed_name_is_templated_against_
     assert specs_lookup.referenced(variables, ["cudnn_markers"]) is None
 
 
-# --- Issue 20: what the env owner can plant among the markers --------------------------------------
+# --- What the env owner can plant among the markers --------------------------------------
 
 
 def test_a_directory_link_among_globbed_markers_is_not_descended(tmp_path):

@@ -1,6 +1,6 @@
 """Role gpu_preflight against a sandbox fleet: one ansible-playbook run over many GPU setups.
 
-Each host plays one case of issue 3 (P40 on a current and an old driver, drivers too old and past
+Each host plays one case (P40 on a current and an old driver, drivers too old and past
 R580, the NVML mismatch, no GPU, mixed GPUs, too little disk, V100/T4/A100 and Pascal siblings).
 One run judges them all (forks); the tests then assert each host's exact outcome, that a refused
 host was left untouched, and that a driver change is reported and changes nothing else.
@@ -26,7 +26,7 @@ ROLE = REPO_ROOT / "roles" / "gpu_preflight"
 STATE_FILE = "/etc/ansible/facts.d/p40fleet_preflight.fact"
 PUBLISH_TASK = "Ensure the host is probed, judged and its GPU profile published for the later stages"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-REAL_HOSTS = Path("/work/shared/reference/real-hosts")
+REAL_HOSTS = REPO_ROOT / "python" / "tests" / "fixtures" / "real-hosts"
 HUGE_DISK = [{"path": "/opt/p40fleet/conda", "min_free_gib": 100000, "purpose": "conda prefix"}]
 
 

@@ -23,7 +23,7 @@ from tests.pins import DEFAULTS as PINS
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "gpu_preflight"
-REAL_HOSTS = Path("/work/shared/reference/real-hosts")
+REAL_HOSTS = REPO_ROOT / "python" / "tests" / "fixtures" / "real-hosts"
 H200_OPEN = REAL_HOSTS / "h200-r580-open.txt"
 JUDGE_TASK = "Judge the report"
 GIB = 1 << 30
@@ -71,7 +71,7 @@ def test_no_kernel_module_reads_as_nothing():
     assert PROBE.kernel_module("") == {"version": "", "flavor": ""}
 
 
-# `modinfo -F license nvidia` of either flavor (FACTS.md: "license: NVIDIA" and "Dual MIT/GPL").
+# `modinfo -F license nvidia` of either flavor (docs/facts-gpu.md: "license: NVIDIA" and "Dual MIT/GPL").
 MODINFO_PROPRIETARY = "NVIDIA\n"
 MODINFO_OPEN = "Dual MIT/GPL\n"
 
@@ -243,7 +243,7 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
         {},
         ("accepted", "turing"),
     ),
-    # A Pascal GPU cannot run the open module (FACTS.md): refused, naming the module line.
+    # A Pascal GPU cannot run the open module (docs/facts-gpu.md): refused, naming the module line.
     "p40_open_module": (
         report(nvrm=H200_NVRM.replace("580.159.04", "535.183.01")),
         {},

@@ -320,7 +320,7 @@ def test_passthrough_arguments_are_appended(rendered):
 
 
 def test_the_runs_environment_is_in_a_0600_file_the_script_sources_never_in_the_script(rendered):
-    # Issue 20: launch_script_environment (a WANDB_API_KEY) landed in the 0755 script anyone can read.
+    # A regression: launch_script_environment (a WANDB_API_KEY) landed in the 0755 script anyone can read.
     script = rendered["p40"]["script"]
     env_file = script.with_suffix(".env")
     assert SECRET not in script.read_text()

@@ -110,7 +110,7 @@ def test_the_lock_is_per_inventory_and_names_its_holder(tmp_path):
     ],
 )
 def test_the_lock_records_no_extra_vars_value(tmp_path, argv, recorded, monkeypatch):
-    # Issue 20: `p40fleet run -e token=...` left the token in the lock file's recorded command line.
+    # A regression: `p40fleet run -e token=...` left the token in the lock file's recorded command line.
     monkeypatch.setattr(sys, "argv", argv)
     with inventory_lock(tmp_path / "lock", tmp_path / "hosts.yml") as holder:
         assert holder["command"] == recorded

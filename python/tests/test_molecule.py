@@ -1,5 +1,5 @@
-"""The molecule scenarios (molecule/), each a role used alone on a sandbox fleet: run here, as one pytest-xdist
-work unit each, so a scenario shares the build machine's cores with the other fleets instead of running alone
+"""The molecule scenarios (molecule/), each a role used alone on a sandbox fleet: run by pytest, as one pytest-xdist
+work unit each, so a scenario shares the test machine's cores with the other fleets instead of running alone
 before them (`make molecule` runs them by themselves)."""
 
 from __future__ import annotations

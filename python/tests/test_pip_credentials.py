@@ -1,4 +1,4 @@
-"""Credentials in an index URL (issue 41): the torch lock's index reaches pip in its environment, not on its command
+"""Credentials in an index URL: the torch lock's index reaches pip in its environment, not on its command
 line (`ps` shows every account a command line), and the env's pip.conf, which names the same URLs, is the owner's
 alone (0600). The role's values are rendered on the controller (python/tests/playbooks/mirror_sources.yml)."""
 

@@ -1,4 +1,4 @@
-"""Owner-made text reaches the operator without the control characters a terminal acts on (issue 41): the driver's
+"""Owner-made text reaches the operator without the control characters a terminal acts on: the driver's
 printable()/one_line() (failure messages, `p40fleet report`'s lines) and launch_script's smoke verdict, which keeps
 the owner's summary and reason. Each row: what an owner's process printed, what the operator sees."""
 

@@ -63,7 +63,7 @@ def test_the_state_probe_reads_records_and_converges_with_awkward_inputs(stage):
     assert (rc, recorded["recorded"]) == (0, True)
     record_file = root / "state" / "stages" / "cuda_toolkit.json"
     record = json.loads(record_file.read_text())
-    # A digest of each input, never the value (issue 20), in a file root alone reads.
+    # A digest of each input, never the value, in a file root alone reads.
     assert "inputs" not in record and AWKWARD not in record_file.read_text()
     assert record["input_sha256"]["cuda_toolkit_note"] == hashlib.sha256(json.dumps(AWKWARD).encode()).hexdigest()
     assert record_file.stat().st_mode & 0o777 == 0o600

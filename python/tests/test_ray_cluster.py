@@ -48,7 +48,7 @@ def fleet(make_sandbox, run_playbook, site_image):
         fleet.join(host)
     yield fleet
     # Gone with the module, not at the end of the session: an idle Ray node keeps working (a head alone: 7.8 s of
-    # CPU in 30 s, its dashboard's processes polling), and the tests that come after share the build machine.
+    # CPU in 30 s, its dashboard's processes polling), and the tests that come after share the test machine.
     fleet.down()
 
 
@@ -58,7 +58,7 @@ def main_pid(fleet, host):
 
 # What `ray list nodes` asks the head's state API (ray.util.state.api's list over /api/v0/nodes, on the head's
 # loopback), asked with the host's own Python: the ray CLI imports Ray at each call, seconds of CPU a poll on the
-# 2-core build machine.
+# 2-core test machine.
 STATE_API_NODES = (
     "import sys, urllib.request; "
     "answer = urllib.request.urlopen('http://127.0.0.1:8265/api/v0/nodes?limit=1000', timeout=30); "
@@ -163,7 +163,7 @@ def test_a_job_through_the_launch_path_reaches_every_node(fleet, run_playbook):
 
 
 def test_another_account_and_a_stranger_cannot_reach_ray(fleet):
-    """Issue 41: a job submitted from another local account and a node that is no member are refused."""
+    """A job submitted from another local account and a node that is no member are refused."""
     made = fleet.exec("node1", "id intruder >/dev/null 2>&1 || useradd -m intruder")
     assert made.returncode == 0, made.stderr
     head = fleet.host("node1").address

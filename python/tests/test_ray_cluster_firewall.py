@@ -1,6 +1,6 @@
 """ray_cluster's firewall (filter_plugins/ray_cluster.py's ray_cluster_firewall), for real: the rendered ruleset is
-checked by nft and then loaded into a network namespace of its own on this machine (unshare -n: the build machine's
-own rules are never touched), where Ray's port is served and connections are tried as the attacks of issue 41 make
+checked by nft and then loaded into a network namespace of its own on this machine (unshare -n: the test machine's
+own rules are never touched), where Ray's port is served and connections are tried as the attacks on the cluster make
 them: from another local account (a job submitted to the dashboard on 127.0.0.1, the GCS on the fleet address) and
 from an address that is no member (a node that is no member registering). The sandbox hosts (podman) run the same
 ruleset in test_ray_cluster.py; here each verdict is the kernel's.

@@ -1,4 +1,4 @@
-"""Issue 41's attacks on the cluster's submit command and launch secrets, on this machine: p40fleet-ray-submit is
+"""Attacks on the cluster's submit command and launch secrets, on this machine: p40fleet-ray-submit is
 rendered for a head whose env owner is an unprivileged account (`nobody`) with a secret in launch_script_environment,
 then tried as another local account (`daemon`), as root and as the owner, its `ray` the stand-in
 python/tests/fixtures/standins/ray/ray_job_submit.py, which keeps what Ray's job table would keep and runs the

@@ -146,7 +146,7 @@ def test_a_small_filesystem_for_a_host_it_lacks_or_of_no_size_is_refused():
 
 def test_a_host_starts_with_one_exec_and_its_password_on_stdin_alone(monkeypatch, tmp_path):
     # Every podman call a sudo-password host's start makes, answered as podman would: no argument list, which
-    # any account on the build machine can read, holds the password.
+    # any account on the test machine can read, holds the password.
     calls = []
 
     def podman_answering(*args, check=True, input_bytes=None):
@@ -214,7 +214,7 @@ def test_a_host_gets_the_small_filesystem_it_asks_for(make_sandbox):
     mount = sandbox.exec("node1", "grep ' /srv/small ' /proc/mounts").stdout.split()
     assert mount[2] == "tmpfs" and "size=8192k" in mount[3]
     assert sandbox.host("node1").tmpfs == {"/srv/small": "8m"}
-    # Filling it fills it, not the build machine's disk.
+    # Filling it fills it, not the test machine's disk.
     full = sandbox.exec("node1", "dd if=/dev/zero of=/srv/small/fill bs=1M count=16")
     assert full.returncode != 0 and "No space left on device" in full.stderr
 

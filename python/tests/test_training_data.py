@@ -246,7 +246,7 @@ def test_a_gated_model_without_the_token_fails_with_the_hubs_error(data_env, hub
 def test_files_from_the_controller_reach_the_owners_directories_through_roots_staging(
     tmp_path, run_playbook, hub, data_env
 ):
-    # Issue 20: root copied the controller's files straight into the owner's directories (a planted link there
+    # A regression: root copied the controller's files straight into the owner's directories (a planted link there
     # redirected the write); they are staged in root's directory and copied on by the owner.
     host = {
         "ansible_connection": "local",

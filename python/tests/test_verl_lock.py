@@ -2,7 +2,7 @@
 
 Offline: verl's declared requirements come from the real sdist in the fixtures cache, the torch pins from the
 pytorch role, each locked package's own requirements from the real files `make fixtures` fetched for the
-sandbox's lock. The locks themselves are written by `make lock` (needs PyPI; never run here).
+sandbox's lock. The locks themselves are written by `make lock` (needs PyPI; never run by the tests).
 """
 
 from __future__ import annotations

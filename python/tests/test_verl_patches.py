@@ -61,7 +61,7 @@ COVERED = [
 ]
 
 # The edited lines a Pascal host must end up with in verl 0.4.1 (file, line number, text), read from
-# the release: the anchors in FACTS.md's list, plus the Triton cross-entropy switch.
+# the release: the anchors in docs/facts.md ("Where bf16 is forced"), plus the Triton cross-entropy switch.
 # The lines a host's verl 0.4.1 must lose (file, line number in the release, text): generate() derives the positions.
 REMOVED_LINES_041 = [("verl/workers/rollout/hf_rollout.py", 113, "                position_ids=position_ids,")]
 PASCAL_LINES_041 = [
@@ -409,7 +409,7 @@ def test_failed_post_condition_restores_the_files_and_writes_no_record(ws, play,
 def changed_file_message(
     host: str, ws_src: str, state: str, action: str, items: list[tuple[str, str, str, str]]
 ) -> str:
-    """The refusal of issue 13's case 8, as apply.yml/revert.yml word it: (file, pristine, patched, found) each."""
+    """The refusal of fault case 8, as apply.yml/revert.yml word it: (file, pristine, patched, found) each."""
     listed = "; ".join(
         f"{rel} (pristine sha256 {pristine}, patched sha256 {patched}, found sha256 {found})"
         for rel, pristine, patched, found in items

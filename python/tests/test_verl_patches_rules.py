@@ -1,7 +1,7 @@
 """verl_patches' lists for root (roles/verl_patches/filter_plugins/verl_patches.py), without hosts.
 
 Root copies pristine files into its state directory; the list it copies comes from the patch set on the
-controller, never from the probe the env owner's Python ran (issue 20: a forged `new_copies` with `..` through a
+controller, never from the probe the env owner's Python ran (a forged `new_copies` with `..` through a
 link in the checkout wrote an owner file into /etc/sudoers.d/).
 """
 

@@ -3,7 +3,7 @@
 Each case lays out a checkout and the role's state directory as a run would have left them (pristine
 copies, their manifest, the applied record), changes what the case names, and asserts what `probe`
 decides: the action, which files it would restore, and which files it reports as changed since the last
-run (the role refuses to touch those: issue 13, case 8).
+run (the role refuses to touch those: fault case 8, python/tests/faults/cases.py).
 """
 
 from __future__ import annotations

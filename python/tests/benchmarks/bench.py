@@ -15,7 +15,7 @@ What it measures, in order, on one sandbox (`bench`) whose hosts are plain sandb
    converged fleet (--limit): medians of --rounds runs, with min and max, interleaved; task counts per
    host from the recap, executed tasks per stage and host from the job events.
 4. `p40fleet run` (ansible-runner, progress, report) against plain `ansible-playbook`, 4 hosts, back to back
-   per round; the overhead (issue 22's goal: under 0.3 s) is also the last line printed. Mostly this row:
+   per round; the overhead (the goal: under 0.3 s) is also the last line printed. Mostly this row:
    `make bench BENCH_ARGS="--hosts 4 --rounds 1 --fresh-sizes '' --no-settings --extra-rounds 7"`.
 5. Settings, 4 hosts: pipelining off, the memory fact cache instead of jsonfile, mitogen (--mitogen).
 6. Where the 4-host converged run spends its time, per stage and task, from the job events.
@@ -368,7 +368,7 @@ def scaling_runs(sandbox: Sandbox, fleet: list[str], sizes: list[int], rounds: i
     return figures, {n: runs[n]["converged"][-1] for n in sizes}
 
 
-# Issue 22: what `p40fleet run` may cost over plain ansible-playbook on a converged fleet. Printed beside the
+# What `p40fleet run` may cost over plain ansible-playbook on a converged fleet. Printed beside the
 # figure, never asserted (machines differ).
 OVERHEAD_GOAL_SECONDS = 0.3
 

@@ -1,4 +1,4 @@
-"""The fault suite's cases (issue 13): what each asserts, which tests prove it, and what is still missing.
+"""The fault suite's cases: what each asserts, which tests prove it, and what is still missing.
 
 A test in this directory names its case with `@pytest.mark.fault_case(N)`. Tests elsewhere that already
 prove part of a case are listed here by node id (`reused`): they run in their own files (in `make test`),

@@ -1,4 +1,4 @@
-"""The fault suite (issue 13): one sandbox fleet shared by the cases. The markers, which cases run and the table of
+"""The fault suite: one sandbox fleet shared by the cases. The markers, which cases run and the table of
 cases printed at the end are tests/faults/table.py's, hooked in by python/tests/conftest.py (under pytest-xdist
 the controller, which prints the table, loads only that conftest).
 """

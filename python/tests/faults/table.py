@@ -1,4 +1,4 @@
-"""The fault suite's table (issue 13): each case, its tests' outcomes and what it still needs, printed at the end.
+"""The fault suite's table: each case, its tests' outcomes and what it still needs, printed at the end.
 
 `make test` runs the cases that fit CI's time budget; the ones marked `faults_full` (kills, disk filling up,
 the second source of every tampered artifact) run only under `make faults` (P40FLEET_FAULTS=full), and the
@@ -19,7 +19,7 @@ _deselected: set[str] = set()
 
 
 def configure(config):
-    config.addinivalue_line("markers", "fault_case(*numbers): the issue 13 case(s) this test proves")
+    config.addinivalue_line("markers", "fault_case(*numbers): the fault case(s) (faults/cases.py) this test proves")
     config.addinivalue_line("markers", "faults_full: too slow for make test's budget; runs under make faults")
 
 
@@ -30,7 +30,7 @@ def collect(config, items):
         if numbers:
             unknown = [n for n in numbers if n not in BY_NUMBER]
             if unknown:
-                raise pytest.UsageError(f"{item.nodeid}: fault_case {unknown} is not a case of issue 13")
+                raise pytest.UsageError(f"{item.nodeid}: fault_case {unknown} is not a case in faults/cases.py")
             _case_of[item.nodeid] = numbers
         if item.get_closest_marker("faults_full") and not FULL:
             _deselected.add(item.nodeid)
@@ -89,7 +89,7 @@ def summary(terminalreporter):
     outcomes, reasons = _outcomes(terminalreporter)
     line = terminalreporter.write_line
     pad = f"{'':>4}  {'':<8}  {'':<28}  "
-    terminalreporter.write_sep("=", "fault suite (issue 13): cases")
+    terminalreporter.write_sep("=", "fault suite: cases")
     line(f"{'case':>4}  {'result':<8}  {'tests':<28}  what")
     for case in CASES:
         own = [n for n, numbers in _case_of.items() if case.number in numbers]

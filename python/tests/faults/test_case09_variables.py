@@ -7,7 +7,7 @@ and a profile name where its dict belongs, an unknown post-install check, checks
 digits, and the strings "false" and "2" from the command line. Without hosts: every boolean variable the
 roles declare is read through `| bool` (a string "false" is truthy, and ansible-core 2.19 refuses a string
 as a condition), which is what makes -e's strings safe.
-p40fleet's own check of an inventory before any host is touched (exit code 4) is the ops helper's (issue 12).
+p40fleet's own check of an inventory before any host is touched (exit code 4) is the p40fleet command's.
 """
 
 from __future__ import annotations

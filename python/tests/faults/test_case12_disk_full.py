@@ -2,7 +2,7 @@
 next run converges, with nothing left half-installed.
 
 node1's conda prefix is a 1.2 GB filesystem of its own (a tmpfs the sandbox mounts, so nothing here fills the
-build machine's disk). verl's four largest dependencies are taken out of the env, as if never installed; site.yml
+test machine's disk). verl's four largest dependencies are taken out of the env, as if never installed; site.yml
 reinstalls them, and once pip has begun writing the first of them back, host_trap.py fills the filesystem to its
 last MiB from inside the host. pip fails midway; the run names the full disk; nothing records the set as installed.
 The filler is removed, and the next run must converge, and every package in the env be whole (each file its

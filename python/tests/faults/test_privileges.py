@@ -1,4 +1,5 @@
-"""Privilege boundaries of the whole pipeline (issue 9), on the fault suite's converged node1 (faults/conftest.py).
+"""Privilege boundaries of the whole pipeline (README.md, "Privilege model"), on the fault suite's converged node1
+(faults/conftest.py).
 
 Real fleets log in as an ordinary user with sudo: site.yml must converge and be idempotent that way and
 with root login (root login: conftest's site_fleet, test_checklist.py). Password-less sudo is what the role
@@ -128,7 +129,7 @@ def test_code_the_env_owner_plants_never_runs_as_root(converged):
         fleet.exec(HOST, f"rm -f {site_packages}/{planted_file}", user="root")
 
 
-# --- Issue 41: no module result the owner writes ---------------------------------------------------------------
+# --- No module result the owner writes ---------------------------------------------------------------------
 # The owner's hook in its user site rewrites every Ansible module result printed in its Python: a fact naming a
 # root directory as the conda prefix, and a conda probe saying conda does not run. Today's main ran the owner's
 # modules in /usr/bin/python3 as the owner (become_user), took the fact and gave the owner /srv/canary.
@@ -191,7 +192,7 @@ def test_a_forged_module_result_from_the_owners_python_hands_nothing_to_the_owne
         fleet.exec(HOST, f"rm -rf {CANARY} {FORGED}-*", "root")
 
 
-# --- Issue 20: the env owner cannot become root ------------------------------------------------------------
+# --- The env owner cannot become root ---------------------------------------------------------------------
 # Each attack is what the env owner (or another account) can do on a converged host; the next run must refuse,
 # naming the host, the path and what it found, and leave every system file's owner and content as they were.
 # They reuse the converged fleet above.

@@ -45,7 +45,7 @@ RUN_CHECK = Path(__file__).with_name("run_check.py")
 WHEEL_CACHE = CACHE_DIR / "gpu-wheels"
 
 # What `python -m verl.trainer.main_ppo` imports that the GPU machine's image lacks, or holds in a version verl 0.4.1
-# does not run with (its transformers 5.x, tokenizers 0.23, huggingface_hub 1.x): KINDS.md of the device tool lists
+# does not run with (its transformers 5.x, tokenizers 0.23, huggingface_hub 1.x): the GPU machine's own notes list
 # the image's packages. numpy, torch, pandas and pyarrow stay the image's (built against each other).
 CARRIED = [
     "ray",

@@ -1,6 +1,6 @@
 """The GPU check's cases: which rendering of the launch script is run, under which memory cap.
 
-One case per memory tier and precision the launch script renders (issue 19): the 1x P40 (24 GB tier, fp32), the
+One case per memory tier and precision the launch script renders: the 1x P40 (24 GB tier, fp32), the
 P100 (16 GB tier), the P4 (8 GB tier: refused at render time) and one fp16-capable card, the T4. The cap is the
 card's memory less its CUDA context, set per process with torch.cuda.set_per_process_memory_fraction on the GPU
 machine (tests/gpu/run_check.py): 23 GiB for a P40's 24,576 MiB, 15 for a P100's 16,384, 7 for a P4's 7,680 and

@@ -8,7 +8,7 @@ library/driver_hold_packages.py read from the host; nothing here touches a host.
 `found | driver_hold_unmet(plan)` lists how a host, read again after the role's tasks, differs from the plan:
 the role's post-condition check.
 
-Why each rule (FACTS.md, "Driver branches and kernel modules"):
+Why each rule (docs/facts-gpu.md, "NVIDIA driver branches and kernel modules"):
 - A package is part of the driver when its name says NVIDIA (or it is one of NVIDIA's driver libraries without
   the word, or a cuda-drivers meta-package) and its version is a driver branch's (580.95.05-1): that keeps out
   libnvidia-container1 (1.17), nvidia-cuda-toolkit (12.x) and Ubuntu's prebuilt linux-modules-nvidia-580-<kernel>

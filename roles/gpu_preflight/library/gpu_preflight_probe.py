@@ -33,7 +33,7 @@ NVRM_LINE = re.compile(
 )
 # A hung driver can block nvidia-smi for minutes; preflight should say so, not hang.
 NVIDIA_SMI_TIMEOUT = 60
-# `modinfo nvidia`'s license field names the module's flavor (FACTS.md): asked only where /proc does not say.
+# `modinfo nvidia`'s license field names the module's flavor (docs/facts-gpu.md): asked only where /proc does not say.
 MODULE_LICENSES = {"NVIDIA": "proprietary", "Dual MIT/GPL": "open"}
 MODINFO_PATHS = ["/usr/sbin/modinfo", "/sbin/modinfo", "/usr/bin/modinfo", "/bin/modinfo"]
 # Where an NVIDIA module lands under /lib/modules/<kernel>/: DKMS builds (updates/dkms, Debian's nvidia-current

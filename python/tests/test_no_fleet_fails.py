@@ -1,0 +1,54 @@
+"""The main command never succeeds at nothing (no containers): ansible-playbook site.yml with no inventory, an
+unparsable one, or a limit that matches no host exits non-zero with Ansible's message (ansible.cfg [inventory])."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p40fleet_dev.paths import REPO_ROOT
+
+PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+EXAMPLE = REPO_ROOT / "inventory" / "hosts.example.yml"
+
+
+def site(inventory: Path, limit: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["ANSIBLE_CONFIG"] = str(REPO_ROOT / "ansible.cfg")
+    argv = [PLAYBOOK, "-i", str(inventory), str(REPO_ROOT / "site.yml"), "-l", limit, "--list-hosts"]
+    return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+
+
+def test_the_default_inventory_is_the_operators_copy_and_its_absence_fails():
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "ansible.cfg")
+    assert config["defaults"]["inventory"] == "inventory/hosts.yml"
+    assert config["inventory"].getboolean("unparsed_is_failed")
+    assert config["inventory"]["host_pattern_mismatch"] == "error"
+
+
+@pytest.mark.parametrize("text", [None, "all: [\n", "p40-hosts:\n  hosts: [a\n"], ids=["missing", "yaml", "flow"])
+def test_no_inventory_fails(tmp_path, text):
+    inventory = tmp_path / "hosts.yml"
+    if text is not None:
+        inventory.write_text(text)
+    result = site(inventory, "p40-hosts")
+    assert result.returncode != 0
+    assert f"Unable to parse {inventory}" in result.stderr and "No inventory was parsed" in result.stderr
+
+
+def test_a_limit_that_matches_no_host_fails():
+    result = site(EXAMPLE, "nosuch")
+    assert result.returncode != 0
+    assert "Could not match supplied host pattern, ignoring: nosuch" in result.stderr
+
+
+def test_the_example_inventory_with_the_fleet_group_lists_its_hosts():
+    result = site(EXAMPLE, "p40-hosts")
+    assert result.returncode == 0, result.stderr
+    assert "gpu-rack1-01" in result.stdout
