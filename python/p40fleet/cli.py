@@ -15,6 +15,7 @@ Exit codes (also in README.md):
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from p40fleet.api import (
 )
 from p40fleet.inputs import InventoryError, load_inventory
 from p40fleet.lock import RunLocked
+from p40fleet.paths import ANSIBLE_DIR
 from p40fleet.progress import make_progress, one_line, printable
 from p40fleet.run import RunError, ansible_env
 from p40fleet.state import StateDir
@@ -89,19 +91,63 @@ def _say_why_nothing_ran(result) -> None:
         console.out(f"p40fleet: {result.message}", highlight=False)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _run_reported(args: argparse.Namespace, label: str, prepare=None, done: str = "") -> int:
+    """One playbook run with its summary and report: `prepare(args, inventory)` first (where given), `done` said
+    after a run that happened."""
     inventory = Path(args.inventory)
     if not inventory.exists():
         console.out(f"p40fleet: inventory {inventory} not found: copy inventory/hosts.example.yml and edit it")
         return EXIT_ERROR
-    result = _provision(args, inventory, "run")
-    summary = report_mod.build_report([("run", result)])
+    if prepare is not None:
+        prepare(args, inventory)
+    result = _provision(args, inventory, label)
+    summary = report_mod.build_report([(label, result)])
     if result.run_id is None:
         _say_why_nothing_ran(result)
     else:
         report_mod.print_summary(console, summary)
+        if done:
+            console.out(f"p40fleet: {done}", highlight=False)
     report_mod.write_report(summary, args.report)
     return result.exit_code
+
+
+def _add_extra_vars(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        metavar="VARS",
+        help="variables as ansible-playbook takes them: key=value, JSON/YAML, or @FILE (repeatable);"
+        " checked against the roles' argument specs before any host is touched, and handed to"
+        " ansible-playbook as a file, so no value reaches the runner's artifacts",
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return _run_reported(args, "run")
+
+
+QUALIFY_PLAYBOOK = ANSIBLE_DIR / "playbooks" / "qualify.yml"
+QUALIFY_HISTORY = "gpu-qualify.json"
+
+
+def qualify_history_path(state_dir: Path | str | None, inventory: Path) -> Path:
+    """Where the controller keeps every card's verdicts (roles/gpu_qualify): in the inventory's state directory."""
+    return StateDir(state_dir).inventory(inventory).dir / QUALIFY_HISTORY
+
+
+def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
+    history = qualify_history_path(getattr(args, "state_dir", None), inventory)
+    history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The history's place comes first, so an -e of the operator's own still wins.
+    args.extra_vars = [json.dumps({"gpu_qualify_history_file": str(history)}), *(args.extra_vars or [])]
+    args.playbook = QUALIFY_PLAYBOOK
+
+
+def cmd_qualify(args: argparse.Namespace) -> int:
+    history = qualify_history_path(getattr(args, "state_dir", None), Path(args.inventory))
+    return _run_reported(args, "qualify", _prepare_qualify, f"every card's verdict is kept in {history}")
 
 
 def _record_line(record: fleet.HostRecord) -> str:
@@ -289,15 +335,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--playbook", type=Path, help="another playbook than site.yml (e.g. playbooks/verify.yml)")
     run.add_argument("-l", "--limit")
     run.add_argument("-t", "--tags")
-    run.add_argument(
-        "-e",
-        "--extra-vars",
-        action="append",
-        metavar="VARS",
-        help="variables as ansible-playbook takes them: key=value, JSON/YAML, or @FILE (repeatable);"
-        " checked against the roles' argument specs before any host is touched, and handed to"
-        " ansible-playbook as a file, so no value reaches the runner's artifacts",
-    )
+    _add_extra_vars(run)
     run.add_argument("--check", action="store_true", help="dry run: --check --diff")
     run.add_argument("--forks", type=int, help="hosts worked on in parallel (ansible's --forks; ansible.cfg: 20)")
     run.add_argument(
@@ -326,6 +364,18 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--report", type=Path, help="write the machine-readable report (JSON) here")
     run.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     run.set_defaults(func=cmd_run)
+
+    qualify = sub.add_parser(
+        "qualify",
+        parents=[state],
+        help="qualify every GPU under load (playbooks/qualify.yml): a pass/warn/fail verdict per card, kept per serial",
+    )
+    qualify.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    qualify.add_argument("-l", "--limit")
+    _add_extra_vars(qualify)
+    qualify.add_argument("--report", type=Path, help="write the machine-readable report (JSON) here")
+    qualify.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
+    qualify.set_defaults(func=cmd_qualify)
 
     report = sub.add_parser(
         "report", parents=[state], help="what each host now is: GPU, driver, profile, versions, last run"
