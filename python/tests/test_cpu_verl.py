@@ -33,7 +33,7 @@ PATCH_VARS = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main" / "main.yml"
 HF_ROLLOUT = "verl/workers/rollout/hf_rollout.py"
 # GSM8K's test split (openai/gsm8k, main), as training_data converts it.
 TEST_ROWS = 1319
-edit = load_module(REPO_ROOT / "roles" / "verl_patches" / "library" / "verl_patches_edit.py", "verl_patches_edit")
+edit = load_module(REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_edit.py", "verl_patches_edit")
 
 
 @pytest.fixture(scope="module")

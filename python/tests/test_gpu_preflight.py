@@ -180,10 +180,11 @@ ACCEPTED = {
         "name": "modern",
         "compute_cap": "8.0",
         "dtype": "bfloat16",
-        "attn_implementation": "flash_attention_2",
+        # p40fleet's flash_attn is a shim: no FlashAttention-2 on the CUDA 11.8 stack.
+        "attn_implementation": "sdpa",
         "vllm_supported": True,
         "torch_compile": True,
-        "needs_patches": False,
+        "needs_patches": True,
     },
     "node14": {"name": "pascal", "gpu_name": "Tesla P4", "memory_mib": 7680},
     "node15": {
