@@ -26,7 +26,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps system-test-deps venv fixtures lint pytest molecule \
-  test test-fast faults demo bench clean lock lock-verl lock-torch lock-cpu-torch gpu-bundle gpu-check gpu-records
+  test test-fast faults demo bench clean lock lock-verl lock-torch lock-cpu-torch gpu-bundle gpu-check gpu-sweep gpu-sweep-record gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -35,6 +35,7 @@ help:
 	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
 	@echo "make faults the fault suite, every case (docs/faults.md), and the tests elsewhere it counts"
 	@echo "make gpu-check   run each profile's rendered launch script on this machine's CUDA GPU (python/tests/gpu/)"
+	@echo "make gpu-sweep   time one P40 step per configuration on this machine's CUDA GPU (python/tests/gpu/sweep.py)"
 
 # An operator's controller: the tools and the Python venv, nothing of the sandbox.
 deps: controller-deps venv
@@ -171,6 +172,18 @@ gpu-check: gpu-bundle
 	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_OUT) \
 	  --cases $(GPU_CASES) --learn $(GPU_LEARN) --site $(CURDIR)/.gpu/site
+
+# The step-time sweep (python/tests/gpu/sweep.py): the 1x P40 rendering under its cap, one configuration at a time,
+# alone on the GPU; gpu-sweep-record writes docs/gpu-runs/sweep/ (test_gpu_sweep.py holds the defaults to it).
+GPU_SWEEP_OUT ?= .runs/gpu-sweep
+gpu-sweep: gpu-bundle
+	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
+	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_SWEEP_OUT) \
+	  --sweep p40-1x --site $(CURDIR)/.gpu/site
+
+gpu-sweep-record: venv
+	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_SWEEP_OUT)/results.json \
+	  --manifest $(CURDIR)/.gpu/manifest.json
 
 gpu-records: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \

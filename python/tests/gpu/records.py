@@ -27,6 +27,11 @@ from tests.launch_render import overrides_digest, render
 RECORDS = REPO_ROOT / "docs" / "gpu-runs"
 # The learning proof's record (tests/gpu/learning.py); its plot is docs/gpu-learning.png.
 LEARNING = RECORDS / "learning"
+# The step-time sweep's record (tests/gpu/sweep.py), one per case swept.
+SWEEP = RECORDS / "sweep"
+# The torch reserved peak a configuration may reach to count as fitting, per case: the cap less half a GiB, so that
+# a card's own allocator slack and another process's context never push a host over.
+SWEEP_MARGIN_GIB = {"p40-1x": 22.5}
 
 
 def run_entry(run: dict) -> dict:
@@ -160,6 +165,50 @@ def learning_record(results: dict, manifest: dict) -> dict:
     }
 
 
+def sweep_record(results: dict) -> dict:
+    """docs/gpu-runs/sweep/<case>.json: each configuration's effective overrides, time, phases and peak memory."""
+    import sweep  # tests/gpu/sweep.py, beside this file
+
+    found = results["sweep"]
+    name = found["case"]
+    margin = SWEEP_MARGIN_GIB[name]
+    configs = {}
+    for config, figures in found["configs"].items():
+        peak = figures.get("torch_peak_reserved_gib")
+        configs[config] = {
+            **figures,
+            "fits": bool(figures["ran"] and peak is not None and peak <= margin),
+            "effective_overrides": {
+                **sweep.effective(found["base_overrides"] + figures["passed_through"]),
+                sweep.ATTENTION: "sdpa" if config in sweep.TREES else found["attention"],
+            },
+        }
+    fitting = {c: f["seconds_per_step"] for c, f in configs.items() if f["fits"]}
+    return {
+        "proves": (
+            "How long one PPO step of the case's rendering takes on this GPU under the card's memory cap with TF32 "
+            "off, for each configuration, and which ones fit the cap with the margin. The ranking holds for this "
+            "GPU; a P40's own seconds are the estimate's business (docs/estimate.md), not this record's."
+        ),
+        "case": name,
+        "date": results["finished"],
+        "gpu": results["machine"]["gpu"],
+        "driver": results["machine"]["nvidia_smi"],
+        "torch": results["machine"]["torch"],
+        "cuda": results["machine"]["cuda"],
+        "memory_cap_gib": found["cap_gib"],
+        "margin_gib": margin,
+        "tf32": False,
+        "model": results["model"],
+        "data": "GSM8K-style rows made by the GPU check (tests/gpu/run_check.py), prompts left-padded by verl",
+        "schedule": "one step at the rendered batch sizes, alone on the GPU, a fresh process per configuration",
+        "base_overrides": found["base_overrides"],
+        "attention_parity": found.get("attention_parity"),
+        "fastest_fitting": min(fitting, key=fitting.get) if fitting else None,
+        "configs": configs,
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write docs/gpu-runs records")
     parser.add_argument("--results", type=Path, required=True)
@@ -168,6 +217,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
     manifest = json.loads(args.manifest.read_text())
+    if "sweep" in results:
+        sys.path.insert(0, str(Path(__file__).parent))
+        found = sweep_record(results)
+        SWEEP.mkdir(parents=True, exist_ok=True)
+        (SWEEP / f"{found['case']}.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        print(f"sweep: {SWEEP / (found['case'] + '.json')}, fastest fitting: {found['fastest_fitting']}")
+        return 0
     names = [c for c in args.cases.split(",") if c] or [n for n in results["cases"]]
     with tempfile.TemporaryDirectory() as tmp:
         today, _ = render({n: CASES[n].host() for n in names}, Path(tmp))

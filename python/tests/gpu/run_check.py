@@ -39,6 +39,7 @@ import time
 # tests/gpu/learning.py, beside this file (run as a script: no package to import it from).
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 learning = importlib.import_module("learning")
+sweep = importlib.import_module("sweep")
 
 OWNER = "p40fleet"
 ROOT = pathlib.Path("/srv/gpu-check")
@@ -286,7 +287,7 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
             "result": result[-1] if result else None,
             "log_tail": output.splitlines()[-120:],
         }
-        if label.startswith("learn"):
+        if label.startswith(("learn", "sweep")):
             runs[label]["log"] = output.splitlines()
         print(f"[{name}] {label}: rc {done.returncode} {runs[label]['summary']}", flush=True)
         if done.returncode != 0:
@@ -294,12 +295,59 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
     return runs
 
 
-def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], index: int) -> dict:
-    """The learning proof (tests/gpu/learning.py): warm start, then each rendering trains it, side by side."""
-    smoke_helper = pathlib.Path(__file__).parents[3] / "roles" / "launch_script" / "files" / "launch_script_smoke.py"
-    spec = importlib.util.spec_from_file_location("launch_script_smoke", smoke_helper)
+def smoke_helper():
+    path = pathlib.Path(__file__).parents[3] / "roles" / "launch_script" / "files" / "launch_script_smoke.py"
+    spec = importlib.util.spec_from_file_location("launch_script_smoke", path)
     helper = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(helper)
+    return helper
+
+
+def run_sweep(args, manifest: dict, home: pathlib.Path, name: str) -> dict:
+    """The step-time sweep (tests/gpu/sweep.py): each configuration alone on the GPU, one after the other."""
+    helper = smoke_helper()
+    case = manifest["cases"][name]
+    script = install_case(args.bundle, name, case, home, manifest["render_root"], label=f"sweep-{name}")
+    checkpoints = str(script.parent / "runs" / "checkpoints")
+    rendered = sweep.script_overrides(script.read_text())
+    model_py = (ROOT / case["verl_tree"] / "verl" / "utils" / "model.py").read_text()
+    attention = "eager" if 'attn_implementation="eager"' in model_py else "sdpa"
+    out = {"case": name, "cap_gib": case["cap_gib"], "base_overrides": rendered, "attention": attention, "configs": {}}
+    try:
+        out["attention_parity"] = sweep.attention_parity(str(ROOT / "model"))
+    except Exception as error:  # recorded: the SDPA configuration then runs without a parity on record
+        out["attention_parity"] = {"error": repr(error)[-800:]}
+    print(f"[sweep] attention parity: {json.dumps(out['attention_parity'])}", flush=True)
+    for config, extra in sweep.CONFIGS.items():
+        if args.sweep_only and config not in args.sweep_only.split(","):
+            continue
+        ran_case = case
+        if config in sweep.TREES:
+            suffix, edits = sweep.TREES[config]
+            tree = f"{case['verl_tree']}-{suffix}"
+            shutil.copytree(ROOT / case["verl_tree"], ROOT / tree, dirs_exist_ok=True)
+            for rel, (old, new) in edits.items():
+                path = ROOT / tree / rel
+                text = path.read_text()
+                if old not in text:
+                    raise SystemExit(f"gpu sweep: {config}: {rel} has no {old!r} to edit")
+                path.write_text(text.replace(old, new))
+            sh("chmod", "-R", "a+rX", str(ROOT / tree))
+            ran_case = {**case, "verl_tree": tree}
+        plan = [(f"sweep-{config}", extra + sweep.schedule(config, checkpoints))]
+        run = run_plan(f"sweep-{name}", ran_case, script, 0, args.site, plan)[plan[0][0]]
+        figures = sweep.measure(helper.parse_steps(run["log"]), run["rc"], run["log_tail"])
+        figures.update({"passed_through": extra, "wall_seconds": run["wall_seconds"]})
+        out["configs"][config] = figures
+        shown = {k: figures[k] for k in ("rc", "seconds_per_step", "torch_peak_reserved_gib")}
+        print(f"[sweep] {config}: {json.dumps(shown)}", flush=True)
+        (args.out / "sweep-partial.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], index: int) -> dict:
+    """The learning proof (tests/gpu/learning.py): warm start, then each rendering trains it, side by side."""
+    helper = smoke_helper()
 
     def log(line):
         print(f"[learning] {line}", flush=True)
@@ -371,10 +419,14 @@ def main(argv=None) -> int:
     parser.add_argument("--full-steps", type=int)
     parser.add_argument("--site", default=os.environ.get("P40FLEET_GPU_SITE", "/tmp/site"))
     parser.add_argument("--learn", default="", help="CASE,REFERENCE: the learning proof's two renderings")
+    parser.add_argument("--sweep", default="", help="CASE: the step-time sweep, alone on the GPU (no other case)")
+    parser.add_argument("--sweep-only", default="", help="a,b: only these sweep configurations")
     args = parser.parse_args(argv)
     learn = [c for c in args.learn.split(",") if c]
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     wanted = [c for c in args.cases.split(",") if c] or [n for n, c in manifest["cases"].items() if not c["refused"]]
+    if args.sweep:
+        wanted, learn = [], []
     report = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
@@ -386,7 +438,7 @@ def main(argv=None) -> int:
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
     # Before the data, the model or any case is made: the trainer runs `python -m verl.trainer.main_ppo` with the
     # case's verl_tree first on PYTHONPATH, so the package must be right under it.
-    for name in wanted + learn:
+    for name in wanted + learn + ([args.sweep] if args.sweep else []):
         case = manifest["cases"][name]
         if not case["refused"] and not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
             raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
@@ -396,6 +448,14 @@ def main(argv=None) -> int:
     report["model"] = make_model(make_rows(1024, 1))
     sh("chmod", "-R", "a+rX", str(ROOT), args.site)
     home = ensure_owner()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        report["sweep"] = run_sweep(args, manifest, home, args.sweep)
+        report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+        ran = [c["ran"] for c in report["sweep"]["configs"].values()]
+        print("gpu check: sweep", "PASS" if ran and ran[0] else "FAIL", flush=True)
+        return 0 if ran and ran[0] else 1
     jobs = {}
     learning_job = None
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted) + 1) as pool:
