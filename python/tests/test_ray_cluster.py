@@ -47,8 +47,8 @@ def fleet(make_sandbox, run_playbook, site_image):
     for host in ("node1", "node2", "node3"):
         fleet.join(host)
     yield fleet
-    # Gone with the module, not at the end of the session: an idle Ray node keeps working (a head alone: 7.8 s of
-    # CPU in 30 s, its dashboard's processes polling), and the tests that come after share the test machine.
+    # Gone with the module, not at the end of the session: an idle Ray node keeps working (its dashboard's
+    # processes poll; docs/benchmarks-code.md), and the tests that come after share the test machine.
     fleet.down()
 
 
