@@ -217,7 +217,7 @@ def test_a_host_powered_off_and_on_rejoins(fleet):
     before = fleet.host("node3").address
     fleet.power_on("node3")
     # podman hands the container another address, as a DHCP lease may: the members' firewalls admit Ray's ports from
-    # the addresses of the last cluster.yml run, so the operator runs it again (README, "Train across hosts").
+    # the addresses of the last cluster.yml run, so the operator runs it again (docs/cluster-network.md).
     if fleet.host("node3").address != before:
         result = fleet.cluster()
         assert result.rc == 0, result.failures
