@@ -67,9 +67,8 @@ test-deps:
 
 # Every system package `make test` needs, in one go: one `apt-get update`, then the controller's and the sandbox's
 # packages (with their recommends: debootstrap checks the archive with debian-archive-keyring) and the tests'
-# (without). `make test` runs it beside the venv's install, which needs none of them: before pytest on a fresh
-# machine 38 s, where the sandbox's and the tests' packages, each with its own `apt-get update`, after the venv
-# took 46 s.
+# (without). `make test` runs it beside the venv's install, which needs none of them, so a fresh machine reaches
+# pytest sooner (docs/benchmarks-code.md).
 system-test-deps:
 	@controller="$(missing_controller)"; sandbox="$(call missing_commands,$(SANDBOX_COMMANDS))"; \
 	tests="$(call missing_commands,$(TEST_COMMANDS))"; \
@@ -84,8 +83,8 @@ system-test-deps:
 
 venv: $(VENV)/.installed
 
-# uv (its version from constraints.txt) installs the pinned tree: 15 s on a fresh 2-core machine where pip took
-# 35 s. pip stays in the venv for the editable install and the tests' own venvs.
+# uv (its version from constraints.txt) installs the pinned tree, faster than pip (docs/benchmarks-code.md). pip
+# stays in the venv for the editable install and the tests' own venvs.
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt uv

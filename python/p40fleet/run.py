@@ -70,7 +70,7 @@ class RunError(RuntimeError):
 
 
 # Opt-in: P40FLEET_MITOGEN=1 runs the playbook with mitogen's linear strategy (pip install -c constraints.txt
-# mitogen). make bench measures it (--mitogen); README says what it gains and what it rests on.
+# mitogen). make bench measures it (--mitogen); docs/benchmarks-settings.md says what it gains and what it rests on.
 MITOGEN_SWITCH = "P40FLEET_MITOGEN"
 MITOGEN_ON = ("1", "true", "yes", "on")
 MITOGEN_OFF = ("", "0", "false", "no", "off")

@@ -102,8 +102,8 @@ def fetch_upstream() -> Path:
 def pip_rounds(entries: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     """The listed (kind, requirement) pairs as few pip calls as can be: one call a kind, in list order, and another
     round where a name comes again (pip resolves the requirements of one call together, so two versions of one
-    project in a call are a conflict even with --no-deps). A pip process costs about 0.8 s of CPU to start: one
-    call a line took 20 of fixtures' 28 s on a fresh clone."""
+    project in a call are a conflict even with --no-deps). A pip process is slow to start, so one call a line
+    cost most of the fixtures' time (docs/benchmarks-code.md)."""
     rounds: list[tuple[str, list[str], set[str]]] = []
     for kind, requirement in entries:
         name = canonicalize_name(Requirement(requirement).name)

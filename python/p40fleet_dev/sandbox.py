@@ -57,7 +57,7 @@ STANDIN_PACKAGES = ("python3-venv", "python3-dev")
 HOST_PREREQS_VARS = ROLES_DIR / "host_prereqs" / "vars"
 # dpkg's fsync after each file it unpacks guards against the machine losing power mid-install. A sandbox host is a
 # container on the test machine's kernel: a stopped or killed container loses nothing the page cache holds, so the
-# syncs only cost time (host_prereqs' compilers: 15.1 s to 12.6 s a host). The usual setting of container images.
+# syncs only cost time (figures: docs/benchmarks-code.md). The usual setting of container images.
 DPKG_SPEEDUP = "force-unsafe-io"
 MIRROR_PORT = 8080
 APT_PORT = 8081
@@ -142,7 +142,7 @@ def gpu_profiles() -> dict[str, dict]:
 
 
 # sshd's key, which each host's start waits for and known_hosts records. `ssh-keygen -A` makes it last, after an
-# RSA key: seconds of CPU on a busy test machine (5 s were too few for a fleet of 23 starting during CI).
+# RSA key: seconds of CPU on a busy test machine, so the wait is generous (docs/benchmarks-code.md).
 SSHD_HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"
 HOST_KEY_WAIT_S = 60
 
@@ -355,7 +355,7 @@ def ensure_image(os_name: str = DEFAULT_OS) -> str:
     suite = OS_RELEASES[os_name][0]
     tag = f"{IMAGE_NAME}:{os_name}-{image_recipe_hash(os_name)}"
     repo = apt_repo_dir(os_name)
-    # One lock per OS: a worker building one release's image (a minute of debootstrap) keeps no other worker from
+    # One lock per OS: a worker building one release's image (debootstrap is slow) keeps no other worker from
     # starting hosts of another.
     with _locked(f"sandbox-image-{os_name}"):
         image_exists = podman("image", "exists", tag, check=False).returncode == 0
@@ -538,8 +538,8 @@ class Sandbox:
             self._start_mirror(base, artifacts.mirror_dir, apt_repo_dir(os_name))
             mirror = self._address(self.mirror_container)
             _wait_for_port(mirror, APT_PORT)
-            # Side by side: a host's start is mostly podman, conmon and apt waiting, a few seconds each; one after
-            # the other they took a minute of the fault suite's fifteen hosts.
+            # Side by side: a host's start is mostly podman, conmon and apt waiting; one after the other, a large
+            # fleet's start adds up (docs/benchmarks-code.md).
             with ThreadPoolExecutor(max_workers=START_WORKERS) as pool:
                 started = [
                     pool.submit(

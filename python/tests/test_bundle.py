@@ -321,7 +321,7 @@ def test_a_fresh_host_provisions_from_the_bundle_alone(fleet, run_playbook, bund
     podman("stop", "-t", "0", fleet.mirror_container)
     running = podman("inspect", "-f", "{{.State.Running}}", fleet.mirror_container).stdout.decode().strip()
     assert running == "false"
-    # What a bundle-fed fleet sets (README), and nothing of the sandbox's own sources.
+    # What a bundle-fed fleet sets (docs/air-gapped.md), and nothing of the sandbox's own sources.
     bundle_vars = {
         "artifact_fetch_source": "mirror",
         "artifact_fetch_mirror_base_url": base_url,

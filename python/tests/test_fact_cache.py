@@ -1,5 +1,5 @@
-"""No fact outlives its run (issue 41), with the checkout's ansible.cfg as an operator's plain ansible-playbook
-uses it.
+"""No fact outlives its run (docs/privileges.md), with the checkout's ansible.cfg as an operator's plain
+ansible-playbook uses it.
 
 ansible.cfg kept a jsonfile cache in the checkout's .fact_cache for a day, keyed by the host's name alone: a fact
 a forged module result carried (conda_env_install_prefix: /srv/canary) was read back by the next run of any

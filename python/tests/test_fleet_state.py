@@ -409,7 +409,7 @@ def test_a_record_keeps_digests_of_the_inputs_and_an_earlier_record_is_written_a
 
 
 def test_a_link_in_the_middle_of_a_marker_path_is_not_followed(host):
-    # Issue 41: the owner swaps a directory of its tree (envs/) for a link to root's; the probe hashed and read
+    # The attack: the owner swaps a directory of its tree (envs/) for a link to root's; the probe hashed and read
     # what the link led to, through any component but the last.
     root, spec = host
     secret = root / "root-only"

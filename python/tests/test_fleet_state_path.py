@@ -72,7 +72,7 @@ def test_an_owner_directory_is_made_in_roots_tree_and_a_rerun_changes_nothing(tr
 
 
 def test_an_existing_root_directory_is_never_handed_to_the_owner(tree):
-    # Issue 41: a forged prefix fact named /srv/canary, and root gave the owner that directory and its contents.
+    # The attack: a forged prefix fact named /srv/canary, and root gave the owner that directory and its contents.
     root, _, system = tree
     before = snapshot(system), snapshot(system / "sudoers")
     message = refused(system, owner=OWNER)
@@ -352,7 +352,7 @@ def test_an_env_owner_not_made_yet_is_trusted_with_nothing(tmp_path):
 
 
 def test_a_tree_is_removed_only_through_descriptors_and_never_behind_a_swapped_parent(tree):
-    # Issue 41: the env's removal followed a link the owner put in place of envs/, and root removed a directory of
+    # The attack: the env's removal followed a link the owner put in place of envs/, and root removed a directory of
     # that name anywhere.
     _, owned, system = tree
     (system / "verl-env").mkdir()

@@ -1,4 +1,4 @@
-"""No Ansible module runs as the env owner (issue 41), read from the roles' and playbooks' own files.
+"""No Ansible module runs as the env owner (docs/privileges.md), read from the roles' and playbooks' own files.
 
 A task with `become_user: <owner>` runs its module in the system Python as the owner, which imports the owner's
 ~/.local usercustomize and .pth files: the owner can then write the module's result, ansible_facts included, and

@@ -1,5 +1,5 @@
-"""Reads of files in the env owner's tree by root's probes, without hosts (issue 41): the conda probe's marker and
-.condarc (roles/conda_env/tasks/converge.yml) and the Apex wheel check's wheel and build.log
+"""Reads of files in the env owner's tree by root's probes, without hosts (docs/privileges.md): the conda probe's
+marker and .condarc (roles/conda_env/tasks/converge.yml) and the Apex wheel check's wheel and build.log
 (roles/apex/files/apex_wheel_check.py). The owner can put a FIFO (which blocked `cat` and `open` for ever) or a link
 to root's files in their place; each must be refused at once, never followed. (The state probe's own reads:
 test_fleet_state.py.)

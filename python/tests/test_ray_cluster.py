@@ -47,8 +47,8 @@ def fleet(make_sandbox, run_playbook, site_image):
     for host in ("node1", "node2", "node3"):
         fleet.join(host)
     yield fleet
-    # Gone with the module, not at the end of the session: an idle Ray node keeps working (a head alone: 7.8 s of
-    # CPU in 30 s, its dashboard's processes polling), and the tests that come after share the test machine.
+    # Gone with the module, not at the end of the session: an idle Ray node keeps working (its dashboard's
+    # processes poll; docs/benchmarks-code.md), and the tests that come after share the test machine.
     fleet.down()
 
 
@@ -217,7 +217,7 @@ def test_a_host_powered_off_and_on_rejoins(fleet):
     before = fleet.host("node3").address
     fleet.power_on("node3")
     # podman hands the container another address, as a DHCP lease may: the members' firewalls admit Ray's ports from
-    # the addresses of the last cluster.yml run, so the operator runs it again (README, "Train across hosts").
+    # the addresses of the last cluster.yml run, so the operator runs it again (docs/cluster-network.md).
     if fleet.host("node3").address != before:
         result = fleet.cluster()
         assert result.rc == 0, result.failures

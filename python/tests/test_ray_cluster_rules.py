@@ -1,6 +1,6 @@
 """ray_cluster's decisions, table-tested without hosts: the plan (members, head, refusals), the fleet interface,
 the readiness verdict on Ray's own node list (parsed strictly), and which unit starts, restarts or leaves.
-The node lists are the shape `ray list nodes --format json` of Ray 2.47.1 printed here (one node recorded on the
+The node lists are the shape `ray list nodes --format json` of Ray 2.47.1 printed (one node, recorded on a sandbox
 controller: node_id, node_ip, is_head_node, state, node_name, resources_total with memory as a string)."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from p40fleet_dev.paths import REPO_ROOT
 NODE_SCRIPT = REPO_ROOT / "roles" / "ray_cluster" / "files" / "p40fleet-ray-node"
 RAY = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "ray" / "ray_start_block.py"
 # The script's supervise() on the stand-in, its forward grace shortened (the script's own: 10 s) but, as there, longer
-# than `ray start` takes to stop (the stand-in: 0.5 s; Ray: about 3 s).
+# than `ray start` takes to stop (the stand-in: 0.5 s; Ray's: docs/benchmarks-code.md).
 HARNESS = """
 import importlib.util, sys
 from importlib.machinery import SourceFileLoader

@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[MITOGEN_SWITCH] = "0"
     # p40fleet's bytecode, as pip writes it when it installs the wheel (and ansible-core's, which the
     # ansible-playbook rows run from): under PYTHONDONTWRITEBYTECODE a checkout would compile p40fleet's
-    # modules on every start, about 0.1 s that no installed p40fleet pays.
+    # modules on every start, a cost no installed p40fleet pays (docs/benchmarks-overhead.md).
     compileall.compile_dir(Path(p40fleet.__file__).parent, quiet=1)
 
     fleet_size = max(sizes)

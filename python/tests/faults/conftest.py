@@ -155,8 +155,8 @@ def fleet(run_playbook):
         if host_vars:
             shared.host_vars(host, **host_vars)
     # node1's env filesystem is a root-owned mount point, and root hands the owner only a directory it made itself
-    # (issue 41): the host is prepared as an operator with a filesystem of its own for the prefix would do it, the
-    # env owner made first (as conda_env makes it) and the mount point given to it.
+    # (docs/privileges.md): the host is prepared as an operator with a filesystem of its own for the prefix would do
+    # it, the env owner made first (as conda_env makes it) and the mount point given to it.
     shared.sh(
         CONVERGED_HOST,
         f"id -u {ENV_OWNER} >/dev/null 2>&1 || useradd --system --create-home --shell /bin/bash {ENV_OWNER};"

@@ -20,8 +20,8 @@ on disk.
 in it says the task got past `unless` (a glob of what only a finished stage writes) within the last step.
 For freeze, the caught session is held back while it is stepped: its processes (and so their children) run at
 nice 19 on the one CPU the trap itself is pinned to, so the trap's SIGSTOP comes within the step also when the
-machine is busy (2026-12-04, both cores loaded by the suite: case 3's installer got from bin/nvcc past
-version.json within one 0.2 ms step, the trap waiting for a core). The task's work is the same, only slower;
+machine is busy (without it, with both cores loaded, case 3's installer once got from bin/nvcc past
+version.json within one step while the trap waited for a core). The task's work is the same, only slower;
 a session let go on (`<out>.cont`) stays at nice 19, which only root with CAP_SYS_NICE could undo.
 """
 

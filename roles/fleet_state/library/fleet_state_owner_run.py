@@ -3,7 +3,7 @@
 
 A task with `become_user: <owner>` runs its Ansible module in the system Python as the owner, which imports the
 owner's ~/.local usercustomize and .pth files: the owner can then rewrite the module's JSON result, ansible_facts
-included, and Ansible trusts it as a fact (issue 41). This module runs as root instead, in root's Python, and
+included, and Ansible trusts it as a fact (docs/privileges.md). This module runs as root instead, in root's Python, and
 starts the command as a child with the owner's uid, primary group and supplementary groups (initgroups), a clean
 environment (the system PATH unless the task sets its own, HOME from the account database, no PYTHON* variable
 but PYTHONNOUSERSITE=1 for Pythons started through a shebang; a Python the task starts itself takes -I), umask

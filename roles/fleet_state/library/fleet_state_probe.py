@@ -17,8 +17,9 @@ Files are read as root without following symlinks: nothing the env owner can wri
 followed, and a record never holds the hash of a file a planted link points at.
 
 A plain script in Ansible's JSON-arguments module style (ARGUMENTS below), like gpu_preflight's probe: it runs
-on every host on every run, and Ansible's module library, unpacked and imported on each call, cost about 160 ms
-of the host's CPU where this costs about 20 ms. The options are checked here, as the documentation gives them.
+on every host on every run, and Ansible's module library, unpacked and imported on each call, costs the host
+several times the CPU of this script (docs/benchmarks-code.md). The options are checked here, as the documentation
+gives them.
 """
 
 from __future__ import annotations

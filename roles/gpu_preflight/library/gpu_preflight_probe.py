@@ -7,9 +7,9 @@ options nvidia_smi ("nvidia-smi" or a path), paths (the directories whose free s
 (thresholds, profiles, messages) is made by the role's filter plugin from this data.
 
 It runs on every host on every run, so it is a plain script: Ansible writes the task's arguments into
-ARGUMENTS below (its JSON-arguments module style) and pipes the script to the host's Python, which costs about
-20 ms of the host's CPU. Built on Ansible's module library, the same probe cost about 160 ms (measured on the
-sandbox hosts: that library is unpacked and imported on every call). The arguments are checked here instead.
+ARGUMENTS below (its JSON-arguments module style) and pipes the script to the host's Python. Built on Ansible's
+module library, the same probe costs several times the host's CPU, as that library is unpacked and imported on
+every call (docs/benchmarks-code.md). The arguments are checked here instead.
 """
 
 import glob

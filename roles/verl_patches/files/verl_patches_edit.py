@@ -17,7 +17,7 @@ is written. A file is written only when its content changes: a new file beside i
 renamed over it. Check mode writes nothing; with --diff the result carries each file's before and after.
 
 It runs as the owner and touches only the owner's checkout: nothing here crosses the privilege boundary. It is no
-Ansible module (a module run as the owner could forge its result, issue 41): the role starts it with
+Ansible module (a module run as the owner could forge its result: docs/privileges.md): the role starts it with
 `python3 -I -S -c` through fleet_state_owner_run, its options as JSON on stdin, and reads its JSON stdout only to
 report what changed.
 """
