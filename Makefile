@@ -173,7 +173,7 @@ gpu-check: gpu-bundle
 	  --cases $(GPU_CASES) --learn $(GPU_LEARN) --site $(CURDIR)/.gpu/site
 
 # The step-time sweep (python/tests/gpu/sweep.py): the 1x P40 rendering under its cap, one configuration at a time,
-# alone on the GPU; gpu-sweep-record writes docs/gpu-runs/sweep/ (test_gpu_sweep.py holds the defaults to it).
+# alone on the GPU; gpu-sweep-record writes its record beside the others in docs/gpu-runs/.
 GPU_SWEEP_OUT ?= .runs/gpu-sweep
 gpu-sweep: gpu-bundle
 	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl

@@ -188,7 +188,7 @@ def sweep_record(results: dict) -> dict:
         "proves": (
             "How long one PPO step of the case's rendering takes on this GPU under the card's memory cap with TF32 "
             "off, for each configuration, and which ones fit the cap with the margin. The ranking holds for this "
-            "GPU; a P40's own seconds are the estimate's business (docs/estimate.md), not this record's."
+            "GPU; a P40's own seconds are the estimate's business, not this record's."
         ),
         "case": name,
         "date": results["finished"],

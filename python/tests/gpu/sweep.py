@@ -17,10 +17,10 @@ What the sweep varies (each on top of the one before it, so the winner is a path
   case's patched tree with the attention edit the modern profile makes ("sdpa" for "eager"), after a parity
   check of the two on this GPU (fp32, TF32 off, left-padded prompts: logits at real tokens within 1e-5).
 
-The record (docs/gpu-runs/sweep/CASE.json, tests.gpu.records) keeps each configuration's effective overrides, its
-seconds per step, the seconds of each phase, tokens per second and peak memory. test_gpu_sweep.py holds today's
-rendering to it: the rendered defaults must be one of the configurations, fit, and be within 10% of the fastest
-one that fits.
+The record (a sweep folder in docs/gpu-runs/, one file a case; tests.gpu.records) keeps each configuration's
+effective overrides, its seconds per step, the seconds of each phase, tokens per second and peak memory.
+test_gpu_sweep.py holds today's rendering to it: the rendered defaults must be one of the configurations, fit, and
+be within 10% of the fastest one that fits.
 """
 
 from __future__ import annotations
