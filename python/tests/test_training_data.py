@@ -2,7 +2,7 @@
 pyarrow (wheels from upstream.txt, in a venv made once) against the Hub stand-in on loopback.
 
 Checks verl's GSM8K layout value by value, the model's verification, idempotence, a gated model that
-needs the token, and that the token is in no file the run leaves behind.
+needs the token, and that the token is in no file and no process listing while the run goes, nor after it.
 """
 
 from __future__ import annotations
@@ -124,15 +124,65 @@ def hub(tmp_path_factory, data_env):
         server.wait(timeout=10)
 
 
+# Runs in front of the env's python during each download, while the token is in use: every process's arguments
+# and environment (`ps e`, root sees all) and every file in the places a run writes are searched for the token.
+SPY = r"""
+import json, os, pathlib, subprocess, sys
+spy = pathlib.Path(sys.argv[1])
+token = (spy / "token").read_bytes()
+listing = subprocess.run(["ps", "axww", "e", "-o", "args="], capture_output=True, check=True).stdout
+files = []
+places, skip = json.loads((spy / "places.json").read_text())
+for place in places:
+    for top, dirs, names in os.walk(place):
+        dirs[:] = [d for d in dirs if os.path.join(top, d) not in skip]
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                if path in skip:
+                    continue
+                if os.path.isfile(path) and not os.path.islink(path) and token in open(path, "rb").read():
+                    files.append(path)
+            except OSError:
+                pass
+with open(spy / "seen.jsonl", "a") as out:
+    out.write(json.dumps({"action": sys.argv[2], "ps": token in listing, "files": files,
+                          "listed": b"training_data_tool" in listing or b"snapshot_download" in listing}) + "\n")
+"""
+
+
+def spied_python(spy: Path, python: Path, token: str, places: list[Path], skip: list[Path]) -> Path:
+    """A stand-in for the env's python: the real one, with the token search of SPY run before each download."""
+    spy.mkdir()
+    (spy / "token").write_text(token)
+    (spy / "places.json").write_text(json.dumps([[str(p) for p in places], [str(p) for p in [spy, *skip]]]))
+    (spy / "spy.py").write_text(SPY)
+    wrapper = spy / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case "$4" in dataset|model) {sys.executable} {spy / "spy.py"} {spy} "$4" ;; esac\n'
+        f'exec {python} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.fixture(scope="module")
 def provisioned(tmp_path_factory, run_playbook, data_env, hub):
     work = tmp_path_factory.mktemp("training-data")
+    # Skipped: the token's own homes (the hub stand-in's copy, the inventory that gives it) and the login account's
+    # 0700 module directory, where Ansible writes every module's arguments while it runs (the admin's, who gave it).
+    home = Path.home()
+    places = [tmp_path_factory.getbasetemp(), home / ".ansible", home / ".cache" / "huggingface", Path("/var/tmp")]
+    places.append(Path("/dev/shm"))
+    skip = [hub["root"], work / "hosts.yml", home / ".ansible" / "tmp"]
+    spy = spied_python(work / "spy", data_env, hub["token"], places, skip)
     host = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
         "conda_env_owner": os.environ.get("USER") or "root",
-        "training_data_python": str(data_env),
+        "training_data_python": str(spy),
         "training_data_root": str(work / "p40fleet"),
         "training_data_hub_endpoint": hub["url"],
         "training_data_hub_token": hub["token"],
@@ -148,7 +198,8 @@ def provisioned(tmp_path_factory, run_playbook, data_env, hub):
     envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
     first = run_playbook(PLAYBOOK, inventory, envvars=envvars)
     second = run_playbook(PLAYBOOK, inventory, envvars=envvars)
-    return {"work": work, "first": first, "second": second, "inventory": inventory, "envvars": envvars}
+    seen = [json.loads(line) for line in (work / "spy" / "seen.jsonl").read_text().splitlines()]
+    return {"work": work, "first": first, "second": second, "inventory": inventory, "envvars": envvars, "seen": seen}
 
 
 def read_parquet(python: Path, path: Path) -> dict:
@@ -215,6 +266,15 @@ def test_the_token_is_in_no_file_the_run_left(provisioned, hub):
     assert not (provisioned["work"] / "p40fleet" / f".hf-token-{os.environ.get('USER', 'root')}").exists()
 
 
+def test_while_the_downloads_run_the_token_is_in_no_file_and_no_process_listing(provisioned):
+    # A regression: the token was handed over as a file of the owner's (readable by the account that runs other
+    # people's code all day) for the whole download; it now reaches the download's process on its stdin only.
+    seen = provisioned["seen"]
+    assert sorted(s["action"] for s in seen) == ["dataset", "model"], seen
+    assert all(s["listed"] for s in seen), "the search did not see the download's own process"
+    assert [(s["action"], s["files"], s["ps"]) for s in seen] == [("dataset", [], False), ("model", [], False)]
+
+
 def test_a_truncated_model_is_refused(tmp_path):
     repo = content.make_model(tmp_path)
     weights = repo / "model.safetensors"
@@ -235,9 +295,17 @@ def test_a_gated_model_without_the_token_fails_with_the_hubs_error(data_env, hub
         "model_allow_patterns": [],
         "model_identity": "x",
     }
-    env = {**os.environ, "HF_TOKEN_PATH": str(tmp_path / "none"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    # No token on stdin; one stored where huggingface_hub looks by default is not used either.
+    stored = tmp_path / "stored-token"
+    stored.write_text(hub["token"])
+    env = {**os.environ, "HF_TOKEN_PATH": str(stored), "HF_HUB_DISABLE_TELEMETRY": "1"}
     done = subprocess.run(
-        [str(data_env), str(TOOL), "model", json.dumps(spec)], capture_output=True, text=True, env=env, check=False
+        [str(data_env), str(TOOL), "model", json.dumps(spec)],
+        input="",
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
     assert done.returncode != 0
     assert "GatedRepoError" in done.stderr or "401" in done.stderr

@@ -7,7 +7,8 @@ dataset  fetches GSM8K's parquet files (hub or a local copy) into raw_dir and co
          train.parquet / test.parquet exactly as verl's examples/data_preprocess/gsm8k.py does
 model    fetches the model (hub snapshot_download, or a local copy) and verifies what a load needs
 
-A hub token is never an argument: huggingface_hub reads it from the file HF_TOKEN_PATH names.
+A hub token is never an argument, a file or a variable: dataset and model read it from stdin (empty: none), and
+a token stored in the owner's home is never used instead.
 """
 
 import hashlib
@@ -105,7 +106,7 @@ def dataset_state(spec):
     return True, "converted set matches its source"
 
 
-def fetch_dataset(spec):
+def fetch_dataset(spec, token):
     raw = pathlib.Path(spec["raw_dir"])
     raw.mkdir(parents=True, exist_ok=True)
     if spec["dataset_source"] == "hub":
@@ -118,6 +119,7 @@ def fetch_dataset(spec):
                 repo_type="dataset",
                 revision=spec["dataset_revision"],
                 local_dir=str(raw),
+                token=token,
                 endpoint=spec["endpoint"] or None,
             )
     else:
@@ -130,8 +132,8 @@ def fetch_dataset(spec):
             shutil.copyfile(local / spec["dataset_files"][split], target)
 
 
-def dataset(spec):
-    fetch_dataset(spec)
+def dataset(spec, token=False):
+    fetch_dataset(spec, token)
     data_dir = pathlib.Path(spec["data_dir"])
     data_dir.mkdir(parents=True, exist_ok=True)
     counts, sources, outputs = {}, {}, {}
@@ -214,7 +216,7 @@ def model_state(spec):
     return True, "model matches its record and verifies"
 
 
-def model(spec):
+def model(spec, token=False):
     model_dir = pathlib.Path(spec["model_dir"])
     model_dir.mkdir(parents=True, exist_ok=True)
     if spec["model_source"] == "hub":
@@ -226,6 +228,7 @@ def model(spec):
             local_dir=str(model_dir),
             endpoint=spec["endpoint"] or None,
             allow_patterns=spec["model_allow_patterns"] or None,
+            token=token,
         )
     elif pathlib.Path(spec["model_local_path"]).resolve() != model_dir.resolve():
         shutil.copytree(spec["model_local_path"], model_dir, dirs_exist_ok=True)
@@ -236,6 +239,11 @@ def model(spec):
     return verified
 
 
+def hub_token():
+    """The token on stdin, or False: huggingface_hub then sends none (not even one stored in the owner's home)."""
+    return sys.stdin.readline().strip() or False
+
+
 def main(argv):
     action, spec = argv[1], json.loads(argv[2])
     if action == "probe":
@@ -243,9 +251,9 @@ def main(argv):
         model_ok, model_why = model_state(spec)
         result = {"dataset": {"ok": data_ok, "why": data_why}, "model": {"ok": model_ok, "why": model_why}}
     elif action == "dataset":
-        result = dataset(spec)
+        result = dataset(spec, hub_token())
     elif action == "model":
-        result = model(spec)
+        result = model(spec, hub_token())
     else:
         raise SystemExit(f"unknown action {action}")
     print(json.dumps(result))
