@@ -49,11 +49,57 @@ def test_the_index_and_its_credentials_stay_off_pips_command_line(tmp_path):
     assert other["lock_digest"] != found["lock_digest"]
 
 
-def test_no_index_stays_as_it_was(tmp_path):
-    found = rendered(tmp_path, {"pytorch_no_index": True, "pytorch_find_links": ["/srv/wheels"]})
-    assert found["lock_pip_options"][:2] == ["--no-index", "--find-links=/srv/wheels"]
-    assert found["lock_pip_environment"] == {"PIP_CONFIG_FILE": "/dev/null"}
+def test_no_index_reads_its_find_links_from_the_environment(tmp_path):
+    found = rendered(tmp_path, {"pytorch_no_index": True, "pytorch_find_links": ["/srv/wheels", "/srv/more"]})
+    assert found["lock_pip_options"][0] == "--no-index"
+    assert found["lock_pip_environment"] == {"PIP_CONFIG_FILE": "/dev/null", "PIP_FIND_LINKS": "/srv/wheels /srv/more"}
     assert found["lock_digest"] == lock_digest(found)
+
+
+def test_credentials_in_find_links_stay_off_every_pip_command_line(tmp_path):
+    # Issue 41: --find-links went on the command line of the torch lock's, Apex's build tools' and verl's pip.
+    links = ["https://fleet:pa55w0rd@mirror.example.internal/wheels/"]
+    found = rendered(
+        tmp_path,
+        {"pytorch_no_index": True, "pytorch_find_links": links, "apex_find_links": links, "verl_find_links": links},
+    )
+    assert not any("pa55w0rd" in word for word in found["lock_pip_options"])
+    assert found["lock_pip_environment"]["PIP_FIND_LINKS"] == links[0]
+    # Apex's and verl's pip read them from their requirements files, the owner's alone (0600).
+    assert found["apex_build_requirements"].splitlines()[0] == f"--find-links {links[0]}"
+    assert found["apex_build_requirements"].splitlines()[1].startswith("pip==")
+    assert found["verl_lock_file"].splitlines()[0] == f"--find-links {links[0]}"
+
+
+def owner_run_argvs() -> list[tuple[str, str]]:
+    """(task file, argv as text) of every task that runs a command, in every role."""
+    found = []
+    for path in sorted((REPO_ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in walk_tasks(yaml.safe_load(path.read_text()) or []):
+            for module in ("fleet_state_owner_run", "ansible.builtin.command", "ansible.builtin.shell"):
+                if isinstance(task.get(module), dict):
+                    found.append((str(path.relative_to(REPO_ROOT)), str(task[module].get("argv", task[module]))))
+    return found
+
+
+def walk_tasks(tasks):
+    for task in tasks:
+        yield task
+        for key in ("block", "rescue", "always"):
+            yield from walk_tasks(task.get(key) or [])
+
+
+def test_no_role_puts_find_links_or_an_index_on_a_command_line():
+    argvs = owner_run_argvs()
+    assert any("pip" in argv for _, argv in argvs)  # the scan sees pip's calls
+    assert [(path, argv) for path, argv in argvs if "find-links" in argv or "index-url" in argv] == []
+
+
+def test_the_files_holding_find_links_are_the_owners_alone():
+    for role, path in (("apex", "{{ apex_build_requirements_path }}"), ("verl", "{{ verl_lock_path }}")):
+        tasks = yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / "install.yml").read_text())
+        (written,) = [t for t in tasks if t.get("fleet_state_path", {}).get("path") == path]
+        assert written["fleet_state_path"]["mode"] == "0600", role
 
 
 def test_the_envs_pip_conf_is_the_owners_alone():
