@@ -1,0 +1,120 @@
+"""apex's reading of the owner's probe (roles/apex/filter_plugins/apex.py), without hosts.
+
+The probe runs as the env owner, so its report is whatever that account prints. Each case is a report the owner
+could forge: a build key field that would name another directory, a count that would set MAX_JOBS to anything, a
+report of the wrong shape. Root must refuse each, naming the host and the field, and derive the key and MAX_JOBS
+only from fields of the expected shape; a genuine report keeps the key converged hosts were recorded with.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from p40fleet_dev.paths import REPO_ROOT
+from tests.source_modules import load_module
+
+ROLE = REPO_ROOT / "roles" / "apex"
+rules = load_module(ROLE / "filter_plugins" / "apex.py", "apex_filters")
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+GENUINE = {
+    "python": "3.10",
+    "torch": "2.6.0+cu118",
+    "nvcc": "11.8",
+    "apex": "0.1",
+    "marker": {"key": "py3.10-torch2.6.0+cu118-cuda11.8-arch6.1-cpp1cuda1-apex0123456789ab"},
+    "cpus": 16,
+    "mem_gib": 62,
+}
+
+
+def reading(report, rc=0):
+    return rules.apex_probe_reading(json.dumps(report) if not isinstance(report, str) else report, rc, "node7")
+
+
+def key(found):
+    return rules.apex_build_key(found, "6.1", True, True, COMMIT)
+
+
+def test_a_genuine_report_keeps_the_key_converged_hosts_recorded():
+    found = reading(GENUINE)
+    assert key(found) == GENUINE["marker"]["key"] == found["marker_key"]
+    assert rules.apex_build_jobs(found, 0, 6) == 10  # 62 GiB / 6 per job, under 16 cores
+
+
+def test_a_probe_that_failed_reads_as_unknown_with_the_keys_question_marks():
+    found = reading("Traceback (most recent call last): ...", rc=1)
+    assert found["known"] is False
+    assert key(found) == "py_-torch_-cuda_-arch6.1-cpp1cuda1-apex0123456789ab"
+    assert rules.apex_build_jobs(found, 0, 6) == 1
+
+
+def test_an_env_without_torch_or_nvcc_reads_as_empty_fields():
+    found = reading({**GENUINE, "torch": "", "nvcc": "", "apex": "", "marker": {}})
+    assert (found["torch"], found["nvcc"], found["apex"], found["marker_key"]) == ("", "", "", "")
+    assert key(found) == "py3.10-torch-cuda-arch6.1-cpp1cuda1-apex0123456789ab"
+
+
+@pytest.mark.parametrize(
+    ("forged", "field"),
+    [
+        ({"python": "3.10/../../../etc"}, "python"),
+        ({"python": ""}, "python"),
+        ({"torch": "2.6.0+cu118/../../x"}, "torch"),
+        ({"torch": ["2.6.0"]}, "torch"),
+        ({"nvcc": "11.8; rm -rf /"}, "nvcc"),
+        ({"apex": "0.1\n"}, "apex"),
+        ({"marker": {"key": "../../../etc/cron.d"}}, "the installed build key"),
+        ({"marker": "py3.10"}, "marker"),
+        ({"cpus": 10**9}, "cpus"),
+        ({"cpus": 0}, "cpus"),
+        ({"cpus": True}, "cpus"),
+        ({"cpus": "16"}, "cpus"),
+        ({"mem_gib": -1}, "mem_gib"),
+        ({"mem_gib": 2.5}, "mem_gib"),
+    ],
+)
+def test_a_forged_field_is_refused_naming_the_host_and_the_field(forged, field):
+    with pytest.raises(AnsibleFilterError) as refused:
+        reading({**GENUINE, **forged})
+    assert str(refused.value).startswith(f"node7: the env's Apex probe reported {field} ")
+
+
+@pytest.mark.parametrize("stdout", ["not json", "[1, 2]", '"3.10"', ""])
+def test_a_report_of_another_shape_is_refused(stdout):
+    with pytest.raises(AnsibleFilterError, match="^node7: the env's Apex probe reported "):
+        reading(stdout)
+
+
+@pytest.mark.parametrize(
+    ("max_jobs", "cpus", "mem_gib", "jobs"),
+    [(0, 16, 62, 10), (0, 4, 62, 4), (0, 16, 3, 1), (0, 1, 0, 1), (3, 4096, 65536, 3)],
+)
+def test_max_jobs_is_the_inventorys_or_what_cores_and_ram_allow(max_jobs, cpus, mem_gib, jobs):
+    found = reading({**GENUINE, "cpus": cpus, "mem_gib": mem_gib})
+    assert rules.apex_build_jobs(found, max_jobs, 6) == jobs
+
+
+def test_the_real_probes_report_is_read():
+    # The probe as the role runs it (an isolated Python), here with no torch, no nvcc and no marker.
+    printed = subprocess.run(
+        [sys.executable, "-I", str(ROLE / "files" / "apex_probe.py"), "/nonexistent", "/nonexistent/marker.json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = reading(printed)
+    assert found["known"] and found["python"] == "{}.{}".format(*sys.version_info[:2])
+    assert found["cpus"] >= 1 and found["marker_key"] == ""
+
+
+def test_the_role_reads_the_probe_only_through_the_filter():
+    tasks = yaml.safe_load((ROLE / "tasks" / "converge.yml").read_text())
+    text = json.dumps(tasks)
+    assert "apex_probe_reading" in text and "apex_build_key" in text and "apex_build_jobs" in text
+    assert "apex_probe.stdout | from_json" not in text
