@@ -60,6 +60,41 @@ def test_each_situation_gets_its_decisions(situation):
 def test_the_role_wires_the_filter():
     converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "converge.yml").read_text()
     assert "conda_env_probed | conda_env_plan(" in converge
+    assert "conda_env_owner_probe.stdout_lines | default([]) | conda_env_owner_found" in converge
+
+
+@pytest.mark.parametrize(
+    ("lines", "found"),
+    [
+        (["conda=conda 23.3.1", "env_python=3.10"], {"conda": "conda 23.3.1", "env_python": "3.10"}),
+        (["conda=", "env_python="], {"conda": "", "env_python": ""}),
+        ([], {"conda": "", "env_python": ""}),
+        # Issue 41: the owner's lines were combined over root's, so it could print root's findings.
+        (
+            ["conda=conda 23.3.1", "env_python=3.10", f"installed_sha256={SHA}", "env_owner=p40fleet", "creating="],
+            {"conda": "conda 23.3.1", "env_python": "3.10"},
+        ),
+        (["conda=conda 23.3.1; owner=yes", "env_python=3.10/../../etc"], {"conda": "", "env_python": ""}),
+        (["env_python=3.10", "env_python=3.11"], {"conda": "", "env_python": "3.10"}),
+        ("conda=conda 23.3.1", {"conda": "", "env_python": ""}),
+    ],
+)
+def test_the_owners_probe_gives_its_two_fields_only_each_in_its_shape(lines, found):
+    assert FILTERS.conda_env_owner_found(lines) == found
+
+
+def test_the_owner_cannot_stand_in_for_roots_findings():
+    # Root found the prefix made by another installer and a changed .condarc; the owner claims all is well.
+    roots = {**CONVERGED, "installed_sha256": "0" * 64, "condarc_sha1": "0" * 40}
+    roots = {k: v for k, v in roots.items() if k not in ("conda", "env_python")}
+    forged = [
+        "conda=conda 23.3.1",
+        "env_python=3.10",
+        f"installed_sha256={SHA}",
+        f"condarc_sha1={CONVERGED['condarc_sha1']}",
+    ]
+    found = {**roots, **FILTERS.conda_env_owner_found(forged)}
+    assert PLAN(found, SETTINGS) == {"install_miniconda": True, "create_env": False, "install_needed": True}
 
 
 @pytest.mark.parametrize(

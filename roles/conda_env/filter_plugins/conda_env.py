@@ -9,6 +9,11 @@
 installer_sha256, python_version, condarc (the managed file's content) and owner. Unit-tested in
 python/tests/test_conda_env_rules.py.
 
+`owner_lines | conda_env_owner_found` reads the owner's probe (its conda and its env's Python run as the owner, so
+their output is the owner's to write): only its `conda=` and `env_python=` lines, each kept only in the shape
+conda and Python print (otherwise '': does not run, as a broken install reads). No other key comes from it, so it
+can never stand in for what root's probe found (the installer's marker, the .condarc, the env's owner).
+
 `miniconda_version | conda_env_installer_python` returns the Python a Miniconda release's installer carries
 (py310_23.3.1-0 -> 3.10), or '' for a name that does not say: the env is cloned from that Python.
 """
@@ -31,6 +36,20 @@ def conda_env_plan(found, settings):
     return {"install_miniconda": install_miniconda, "create_env": create_env, "install_needed": install_needed}
 
 
+OWNER_FIELDS = {"conda": re.compile(r"conda [0-9][0-9A-Za-z.+-]{0,31}"), "env_python": re.compile(r"3\.[0-9]{1,2}")}
+
+
+def conda_env_owner_found(lines):
+    found = dict.fromkeys(OWNER_FIELDS, "")
+    seen = set()
+    for line in lines if isinstance(lines, list) else []:
+        key, _, value = str(line).partition("=")
+        if key in OWNER_FIELDS and key not in seen:
+            seen.add(key)
+            found[key] = value if OWNER_FIELDS[key].fullmatch(value) else ""
+    return found
+
+
 def conda_env_installer_python(miniconda_version):
     match = re.fullmatch(r"py(3)(1?[0-9])_\S+", str(miniconda_version))
     return f"{match.group(1)}.{match.group(2)}" if match else ""
@@ -38,4 +57,8 @@ def conda_env_installer_python(miniconda_version):
 
 class FilterModule:
     def filters(self):
-        return {"conda_env_plan": conda_env_plan, "conda_env_installer_python": conda_env_installer_python}
+        return {
+            "conda_env_plan": conda_env_plan,
+            "conda_env_owner_found": conda_env_owner_found,
+            "conda_env_installer_python": conda_env_installer_python,
+        }
