@@ -69,7 +69,7 @@ def test_the_role_wires_the_filter():
         (["conda=conda 23.3.1", "env_python=3.10"], {"conda": "conda 23.3.1", "env_python": "3.10"}),
         (["conda=", "env_python="], {"conda": "", "env_python": ""}),
         ([], {"conda": "", "env_python": ""}),
-        # Issue 41: the owner's lines were combined over root's, so it could print root's findings.
+        # A regression: the owner's lines were combined over root's, so it could print root's findings.
         (
             ["conda=conda 23.3.1", "env_python=3.10", f"installed_sha256={SHA}", "env_owner=p40fleet", "creating="],
             {"conda": "conda 23.3.1", "env_python": "3.10"},

@@ -57,7 +57,7 @@ def test_no_index_reads_its_find_links_from_the_environment(tmp_path):
 
 
 def test_credentials_in_find_links_stay_off_every_pip_command_line(tmp_path):
-    # Issue 41: --find-links went on the command line of the torch lock's, Apex's build tools' and verl's pip.
+    # A regression: --find-links went on the command line of the torch lock's, Apex's build tools' and verl's pip.
     links = ["https://fleet:pa55w0rd@mirror.example.internal/wheels/"]
     found = rendered(
         tmp_path,

@@ -1,9 +1,9 @@
 """apex's reading of the owner's probe, for root: each field checked for type and range before it becomes part of
 the build key (a directory name on the controller and every host) or MAX_JOBS.
 
-The probe (files/apex_probe.py) runs in the env's Python as the env owner, whose output is data (README, privilege
-model): `stdout | apex_probe_reading(rc, host)` keeps only fields of the expected shape and refuses any other,
-naming the host, the field and what was found. `reading | apex_build_key(...)` and
+The probe (files/apex_probe.py) runs in the env's Python as the env owner, whose output is data
+(docs/privileges.md): `stdout | apex_probe_reading(rc, host)` keeps only fields of the expected shape and refuses
+any other, naming the host, the field and what was found. `reading | apex_build_key(...)` and
 `reading | apex_build_jobs(max_jobs, ram_per_job_gib)` derive the key and MAX_JOBS from it.
 Unit-tested in python/tests/test_apex_rules.py.
 """
