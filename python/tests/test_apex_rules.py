@@ -87,7 +87,7 @@ def test_a_forged_field_is_refused_naming_the_host_and_the_field(forged, field):
 
 @pytest.mark.parametrize("stdout", ["not json", "[1, 2]", '"3.10"', ""])
 def test_a_report_of_another_shape_is_refused(stdout):
-    with pytest.raises(AnsibleFilterError, match="^node7: the env's Apex probe reported "):
+    with pytest.raises(AnsibleFilterError, match=r"^node7: the env's Apex probe reported "):
         reading(stdout)
 
 
@@ -118,3 +118,72 @@ def test_the_role_reads_the_probe_only_through_the_filter():
     text = json.dumps(tasks)
     assert "apex_probe_reading" in text and "apex_build_key" in text and "apex_build_jobs" in text
     assert "apex_probe.stdout | from_json" not in text
+
+
+# --- The controller cache: a wheel is installed only as its build recorded it -------------------------------------
+WHEEL = "apex-0.1-cp310-cp310-linux_x86_64.whl"
+WHEEL_SHA = "a" * 64
+CACHE_KEY = GENUINE["marker"]["key"]
+RECORD_PATH = f"/ctl/apex-wheels/{CACHE_KEY}/record.json"
+RECORD = {
+    "key": CACHE_KEY,
+    "wheel": WHEEL,
+    "sha256": WHEEL_SHA,
+    "builder": "node1",
+    "commit": COMMIT,
+    "date": "2026-12-05T13:00:00Z",
+}
+
+
+def verdict(record, sha=WHEEL_SHA, wheel=WHEEL):
+    text = record if isinstance(record, str) else json.dumps(record)
+    return rules.apex_cache_verdict(text, wheel, sha, CACHE_KEY, RECORD_PATH)
+
+
+def test_the_wheel_its_build_recorded_is_accepted_with_its_record():
+    assert verdict(RECORD) == {"problem": "", "record": RECORD}
+
+
+@pytest.mark.parametrize(
+    ("case", "record", "sha", "wheel"),
+    [
+        # A malicious builder's wheel: its bytes are not the ones the controller recorded.
+        ("tampered_wheel", RECORD, "b" * 64, WHEEL),
+        ("record_for_another_key", {**RECORD, "key": "py3.11-other"}, WHEEL_SHA, WHEEL),
+        ("record_for_another_file", {**RECORD, "wheel": "apex-0.2-py3-none-any.whl"}, WHEEL_SHA, WHEEL),
+        ("sum_that_is_no_sha256", {**RECORD, "sha256": "A" * 64}, "A" * 64, WHEEL),
+        ("record_without_a_sum", {k: v for k, v in RECORD.items() if k != "sha256"}, WHEEL_SHA, WHEEL),
+        ("no_sum_read", RECORD, "", WHEEL),
+    ],
+)
+def test_a_wheel_its_record_does_not_vouch_for_is_refused(case, record, sha, wheel):
+    judged = verdict(record, sha, wheel)
+    assert judged["record"] == {}
+    # The words test_python_stack.py's sandbox run asserts on every host.
+    assert judged["problem"].startswith(f"has sha256 {sha or '?'}, but its build recorded ")
+    assert f"(built by {record.get('builder', '?')} on {record.get('date', '?')})" in judged["problem"]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", f"has no build record ({RECORD_PATH})"),
+        ("{}", f"has no build record ({RECORD_PATH})"),
+        ("not json", f"has a build record that is no JSON object ({RECORD_PATH})"),
+        ('["a"]', f"has a build record that is no JSON object ({RECORD_PATH})"),
+    ],
+)
+def test_a_cache_entry_without_a_record_is_refused(text, problem):
+    assert verdict(text) == {"problem": problem, "record": {}}
+
+
+def test_a_forged_records_text_reaches_the_message_without_control_characters():
+    judged = verdict({**RECORD, "sha256": "x", "builder": "node1\x1b[2J\x07"})
+    assert "\x1b" not in judged["problem"] and "\x07" not in judged["problem"]
+    assert "(built by node1[2J on " in judged["problem"]
+
+
+def test_the_role_installs_only_through_the_verdict():
+    text = (ROLE / "tasks" / "install.yml").read_text()
+    assert "apex_cache_verdict(" in text and 'apex_wheel_record: "{{ apex_cache_judged.record }}"' in text
+    assert "b64decode | from_json" not in text

@@ -5,6 +5,8 @@ The probe (files/apex_probe.py) runs in the env's Python as the env owner, whose
 (docs/privileges.md): `stdout | apex_probe_reading(rc, host)` keeps only fields of the expected shape and refuses
 any other, naming the host, the field and what was found. `reading | apex_build_key(...)` and
 `reading | apex_build_jobs(max_jobs, ram_per_job_gib)` derive the key and MAX_JOBS from it.
+`record_text | apex_cache_verdict(wheel_name, wheel_sha256, key, record_path)` judges the key's wheel in the
+controller cache against its build record: {"problem": "" or what is wrong, "record": the checked record}.
 Unit-tested in python/tests/test_apex_rules.py.
 """
 
@@ -87,10 +89,46 @@ def apex_build_jobs(reading, max_jobs, ram_per_job_gib):
     return max(1, min(reading["cpus"], reading["mem_gib"] // max(1, int(ram_per_job_gib))))
 
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def apex_cache_verdict(record_text, wheel_name, wheel_sha256, key, record_path):
+    """Only the wheel whose sha256 its build recorded, for this key and this file name, is installed."""
+    try:
+        record = json.loads(record_text) if record_text else {}
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        return {"problem": f"has a build record that is no JSON object ({record_path})", "record": {}}
+    if not record:
+        return {"problem": f"has no build record ({record_path})", "record": {}}
+    sha256 = record.get("sha256")
+    if (
+        isinstance(sha256, str)
+        and SHA256.fullmatch(sha256)
+        and record.get("key") == key
+        and record.get("wheel") == wheel_name
+        and wheel_sha256 == sha256
+    ):
+        return {"problem": "", "record": record}
+
+    def shown(field):
+        value = record.get(field, "?")
+        return CONTROL.sub("", value if isinstance(value, str) else json.dumps(value))[:100]
+
+    problem = (
+        f"has sha256 {wheel_sha256 or '?'}, but its build recorded {shown('wheel')} for key {shown('key')} with sha256 "
+        f"{shown('sha256')} (built by {shown('builder')} on {shown('date')})"
+    )
+    return {"problem": problem, "record": {}}
+
+
 class FilterModule:
     def filters(self):
         return {
             "apex_probe_reading": apex_probe_reading,
             "apex_build_key": apex_build_key,
             "apex_build_jobs": apex_build_jobs,
+            "apex_cache_verdict": apex_cache_verdict,
         }
