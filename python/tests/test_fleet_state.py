@@ -16,8 +16,8 @@ from tests.source_modules import load_module
 ROLE = REPO_ROOT / "roles" / "fleet_state"
 
 
-probe_module = load_module(ROLE / "library" / "fleet_state_probe.py", "fleet_state_probe")
-specs_lookup = load_module(ROLE / "lookup_plugins" / "fleet_state_specs.py", "fleet_state_specs")
+probe_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_probe.py", "fleet_state_probe")
+specs_lookup = load_module(REPO_ROOT / "plugins" / "lookup" / "fleet_state_specs.py", "fleet_state_specs")
 
 
 @pytest.fixture

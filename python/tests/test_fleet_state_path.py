@@ -1,4 +1,4 @@
-"""The privilege model's one enforcement point (roles/fleet_state/library/fleet_state_path.py), without hosts.
+"""The privilege model's one enforcement point (plugins/modules/fleet_state_path.py), without hosts.
 
 Run as root on the test machine (as `make test` is), in a tree under pytest's tmp_path. `nobody` plays the env
 owner (the one non-root account root lets own directories); `daemon` plays any other account. Each case is an
@@ -18,7 +18,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-path_module = load_module(REPO_ROOT / "roles" / "fleet_state" / "library" / "fleet_state_path.py", "fleet_state_path")
+path_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_path.py", "fleet_state_path")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to other accounts needs root")
 
