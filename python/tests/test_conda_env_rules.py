@@ -58,7 +58,7 @@ def test_each_situation_gets_its_decisions(situation):
 
 
 def test_the_role_wires_the_filter():
-    converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "converge.yml").read_text()
+    converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "probe.yml").read_text()
     assert "conda_env_probed | conda_env_plan(" in converge
 
 
