@@ -23,7 +23,7 @@ FLEET_REPORT_SCHEMA = "p40fleet.fleet-report/v1"
 HOSTS_SCHEMA = "p40fleet.hosts/v1"
 PROBE_KEYS = ("preflight", "verified", "reverify", "stages")
 PREFLIGHT_FACT = "gpu_preflight_state_content"
-# What playbooks/smoke.yml publishes per host (roles/launch_script/filter_plugins/launch_script.py shapes it).
+# What playbooks/smoke.yml publishes per host (plugins/filter/launch_script.py shapes it).
 SMOKE_FACT = "launch_script_smoke_verdict"
 STATUSES = ("converged", "ok", "drift", "failed", "unreachable", "unknown")
 

@@ -1,4 +1,4 @@
-"""apex's reading of the owner's probe (roles/apex/filter_plugins/apex.py), without hosts.
+"""apex's reading of the owner's probe (plugins/filter/apex.py), without hosts.
 
 The probe runs as the env owner, so its report is whatever that account prints. Each case is a report the owner
 could forge: a build key field that would name another directory, a count that would set MAX_JOBS to anything, a
@@ -20,7 +20,7 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "apex"
-rules = load_module(ROLE / "filter_plugins" / "apex.py", "apex_filters")
+rules = load_module(REPO_ROOT / "plugins" / "filter" / "apex.py", "apex_filters")
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 GENUINE = {
     "python": "3.10",

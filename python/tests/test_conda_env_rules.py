@@ -1,5 +1,5 @@
 """conda_env's decisions (install Miniconda, create the env, anything to do at all), without containers
-(filter_plugins/conda_env.py).
+(plugins/filter/conda_env.py).
 
 The findings are the key=value lines of the role's two probes, as strings; each situation is paired with its
 decisions. The sandbox tests (test_python_stack.py, the fault suite's case 1) prove the wiring on hosts.
@@ -14,7 +14,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-FILTERS = load_module(REPO_ROOT / "roles" / "conda_env" / "filter_plugins" / "conda_env.py", "conda_env_filter")
+FILTERS = load_module(REPO_ROOT / "plugins" / "filter" / "conda_env.py", "conda_env_filter")
 PLAN = FILTERS.conda_env_plan
 SHA = "aef279d6baea7f67940f16aad17ebe5f6aac97487c7c03466ff01f4819e5a651"
 CONDARC = "always_yes: true\nchannels:\n- conda-forge\n"
@@ -58,7 +58,7 @@ def test_each_situation_gets_its_decisions(situation):
 
 
 def test_the_role_wires_the_filter():
-    converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "converge.yml").read_text()
+    converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "probe.yml").read_text()
     assert "conda_env_probed | conda_env_plan(" in converge
     assert "conda_env_owner_probe.stdout_lines | default([]) | conda_env_owner_found" in converge
 

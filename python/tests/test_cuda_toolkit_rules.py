@@ -1,4 +1,4 @@
-"""cuda_toolkit's classification of what sits at the install path, without containers (filter_plugins/cuda_toolkit.py).
+"""cuda_toolkit's classification of what sits at the install path, without containers (plugins/filter/cuda_toolkit.py).
 
 The findings are the shape roles/cuda_toolkit/files/cuda_toolkit_probe.py prints; each situation is paired with
 its verdict. The sandbox tests (test_cuda_toolkit.py) prove the wiring on hosts.
@@ -13,7 +13,7 @@ from tests.pins import CUDA_HOME
 from tests.source_modules import load_module
 
 CLASSIFY = load_module(
-    REPO_ROOT / "roles" / "cuda_toolkit" / "filter_plugins" / "cuda_toolkit.py", "cuda_toolkit_filter"
+    REPO_ROOT / "plugins" / "filter" / "cuda_toolkit.py", "cuda_toolkit_filter"
 ).cuda_toolkit_classify
 WHOLE = {"home_exists": True, "version_json": "11.8.89", "nvcc_release": "11.8", "libcudart": True, "marker": None}
 
@@ -44,5 +44,5 @@ def test_each_situation_gets_its_verdict(situation):
 
 
 def test_the_role_wires_the_filter():
-    converge = (REPO_ROOT / "roles" / "cuda_toolkit" / "tasks" / "converge.yml").read_text()
+    converge = (REPO_ROOT / "roles" / "cuda_toolkit" / "tasks" / "probe.yml").read_text()
     assert "cuda_toolkit_found | cuda_toolkit_classify(cuda_toolkit_version)" in converge

@@ -1,4 +1,4 @@
-"""roles/cudnn/library/cudnn_links.py, without hosts: cuDNN's links into the CUDA tree made and stale ones removed in
+"""plugins/modules/cudnn_links.py, without hosts: cuDNN's links into the CUDA tree made and stale ones removed in
 one call, as the two file-module loops it replaced did (test_cudnn.py runs the role on sandbox hosts)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-links = load_module(REPO_ROOT / "roles" / "cudnn" / "library" / "cudnn_links.py", "cudnn_links")
+links = load_module(REPO_ROOT / "plugins" / "modules" / "cudnn_links.py", "cudnn_links")
 
 
 @pytest.fixture

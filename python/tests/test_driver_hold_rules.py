@@ -9,9 +9,8 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-ROLE = REPO_ROOT / "roles" / "driver_hold"
-RULES = load_module(ROLE / "filter_plugins" / "driver_hold.py", "driver_hold_rules")
-PROBE = load_module(ROLE / "library" / "driver_hold_packages.py", "driver_hold_packages")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "driver_hold.py", "driver_hold_rules")
+PROBE = load_module(REPO_ROOT / "plugins" / "modules" / "driver_hold_packages.py", "driver_hold_packages")
 
 
 def pkg(name: str, version: str, selection: str = "install") -> dict:

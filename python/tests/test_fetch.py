@@ -259,7 +259,7 @@ def cache_play(tmp_path, run_playbook):
     playbook.write_text(CACHE_PLAYBOOK)
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"local": {"ansible_connection": "local"}}}}))
-    plugins = REPO_ROOT / "roles" / "artifact_fetch" / "action_plugins"
+    plugins = REPO_ROOT / "plugins" / "action"
 
     def play(wanted, attempts=3, check=False):
         result = run_playbook(

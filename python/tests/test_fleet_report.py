@@ -64,10 +64,10 @@ FILE = {"uid": 0, "mode": "0644", "sha256": "ab" * 32}
 
 
 def stages(drift: dict | None = None) -> dict:
-    """Findings shaped as roles/fleet_state/library/fleet_state_probe.py returns them."""
+    """Findings shaped as plugins/modules/fleet_state_probe.py returns them."""
     drift = drift or {}
     found = {
-        # driver_hold's record (roles/driver_hold/filter_plugins/driver_hold.py writes it).
+        # driver_hold's record (plugins/filter/driver_hold.py writes it).
         "driver_hold": {
             "files": {},
             "json": {

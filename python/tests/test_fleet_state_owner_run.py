@@ -1,4 +1,4 @@
-"""Root's one way to run the env owner's work (roles/fleet_state/library/fleet_state_owner_run.py), without hosts.
+"""Root's one way to run the env owner's work (plugins/modules/fleet_state_owner_run.py), without hosts.
 
 Run as root on the test machine (as `make test` is). `nobody` plays the env owner. Each case is something the
 owner's process can do to the root-side module that starts it: print a forged module result, outlive its time
@@ -18,9 +18,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-run_module = load_module(
-    REPO_ROOT / "roles" / "fleet_state" / "library" / "fleet_state_owner_run.py", "fleet_state_owner_run"
-)
+run_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_owner_run.py", "fleet_state_owner_run")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to another account needs root")
 

@@ -1,4 +1,4 @@
-"""The privilege model's one enforcement point (roles/fleet_state/library/fleet_state_path.py), without hosts.
+"""The privilege model's one enforcement point (plugins/modules/fleet_state_path.py), without hosts.
 
 Run as root on the test machine (as `make test` is), in a tree under pytest's tmp_path. `nobody` plays the env
 owner (the one non-root account root lets own directories); `daemon` plays any other account. Each case is an
@@ -18,7 +18,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-path_module = load_module(REPO_ROOT / "roles" / "fleet_state" / "library" / "fleet_state_path.py", "fleet_state_path")
+path_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_path.py", "fleet_state_path")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to other accounts needs root")
 
@@ -371,3 +371,64 @@ def test_a_tree_is_removed_only_through_descriptors_and_never_behind_a_swapped_p
     assert act(env, state="absent", recurse=True)["changed"]
     assert not env.exists() and snapshot(system / "verl-env" / "keep") == before
     assert not act(env, state="absent", recurse=True)["changed"]
+
+
+def test_in_diff_mode_a_changed_file_returns_its_diff_and_a_dry_run_writes_nothing(tree):
+    _, owned, _ = tree
+    dest = owned / "train.sh"
+    made = act(dest, state="file", owner=OWNER, content="a\nb\n", _ansible_diff=True)
+    assert made["diff"] == {
+        "before_header": f"{dest} (absent)", "after_header": str(dest), "before": "", "after": "a\nb\n",
+    }  # fmt: skip
+    planned = act(dest, state="file", owner=OWNER, mode="0700", content="a\nc\n", _ansible_diff=True, check_mode=True)
+    assert planned["changed"]
+    assert planned["diff"]["before"] == "a\nb\n"
+    assert planned["diff"]["after"] == "a\nc\n"
+    assert planned["diff"]["after_header"] == f"{dest} (mode 0755 -> 0700)"
+    assert snapshot(dest) == (OWNER_UID, 0o755, b"a\nb\n")
+    # Converged: no change, no diff; without --diff, no diff either.
+    assert "diff" not in act(dest, state="file", owner=OWNER, content="a\nb\n", _ansible_diff=True)
+    assert "diff" not in act(dest, state="file", owner=OWNER, content="a\nd\n")
+
+
+def test_a_secret_files_diff_shows_its_names_and_never_a_value(tree):
+    _, owned, _ = tree
+    dest = owned / "env"
+    old = "# Managed by p40fleet\nexport HF_TOKEN='hf_old_secret'\n"
+    act(dest, state="file", owner=OWNER, mode="0600", content=old)
+    new = "# Managed by p40fleet\nexport HF_TOKEN='hf_new_secret'\nexport WANDB_API_KEY=wb_secret\n"
+    result = act(dest, state="file", owner=OWNER, mode="0600", content=new, secret=True, _ansible_diff=True)
+    diff = result["diff"]
+    assert diff["before"] == "# Managed by p40fleet\nexport HF_TOKEN=********\n"
+    assert diff["after"] == "# Managed by p40fleet\nexport HF_TOKEN=********\nexport WANDB_API_KEY=********\n"
+    assert "(secret: values masked)" in diff["after_header"]
+    assert not any(value in str(diff) for value in ("hf_old_secret", "hf_new_secret", "wb_secret"))
+    # A batch's diffs come back at the top, in order, masked per item.
+    items = [
+        {"path": str(owned / "t1"), "content": "hf_a\n", "secret": True},
+        {"path": str(owned / "t2"), "content": "p\n"},
+    ]
+    common = {"state": "file", "owner": OWNER, "trusted_owner": OWNER, "mode": "0600", "_ansible_diff": True}
+    batch = path_module.run_batch({**common, "batch": items}, True)
+    assert [d["after"] for d in batch["diff"]] == ["********\n", "p\n"]
+    assert all("diff" not in item for item in batch["results"])
+
+
+@pytest.mark.parametrize(
+    ("content", "shown"),
+    [
+        ("export A='x y'\n", "export A=********\n"),
+        ("[global]\nindex-url = https://u:pw@mirror/simple\n", "[global]\nindex-url = ********\n"),
+        ("channels:\n  - https://conda.example/t/tok/main\nyes: true\n", "channels:\n  ********\nyes: ********\n"),
+        ("hf_bare_token", "********"),
+        ("\n# note\n", "\n# note\n"),
+    ],
+)
+def test_masking_keeps_the_shape_and_drops_every_value(content, shown):
+    assert path_module.masked(content) == shown
+
+
+def test_a_diff_names_binary_and_oversized_content_instead_of_showing_it():
+    assert path_module.shown(b"\x00\xff", secret=False) == "(binary content, 2 bytes)\n"
+    big = b"x" * (path_module.DIFF_LIMIT + 1)
+    assert "over the 104448-byte diff limit" in path_module.shown(big, secret=False)

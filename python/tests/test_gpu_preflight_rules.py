@@ -1,7 +1,7 @@
 """gpu_preflight's decisions without containers: recorded and synthetic probe answers, one verdict each.
 
-The probe (library/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
-judgement (action_plugins/gpu_preflight_probe.py, the task that also probes) runs in a local ansible-playbook
+The probe (plugins/modules/gpu_preflight_probe.py) is imported and fed real hosts' recorded answers; the role's
+judgement (plugins/action/gpu_preflight_probe.py, the task that also probes) runs in a local ansible-playbook
 against fake hosts whose probe report is given, with the role's defaults and vars as their group's variables,
 so every GPU, driver, kernel module, OS and disk situation is paired with its exact verdict.
 """
@@ -29,7 +29,7 @@ JUDGE_TASK = "Judge the report"
 GIB = 1 << 30
 
 
-PROBE = load_module(ROLE / "library" / "gpu_preflight_probe.py", "gpu_preflight_probe")
+PROBE = load_module(REPO_ROOT / "plugins" / "modules" / "gpu_preflight_probe.py", "gpu_preflight_probe")
 
 
 def recorded(path: Path, command: str) -> str:
@@ -466,8 +466,8 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
     )
     envvars = {
         "ANSIBLE_CACHE_PLUGIN": "memory",  # nothing of these fake hosts may reach a fact cache
-        "ANSIBLE_ACTION_PLUGINS": str(ROLE / "action_plugins"),
-        "ANSIBLE_FILTER_PLUGINS": str(ROLE / "filter_plugins"),
+        "ANSIBLE_ACTION_PLUGINS": str(REPO_ROOT / "plugins" / "action"),
+        "ANSIBLE_FILTER_PLUGINS": str(REPO_ROOT / "plugins" / "filter"),
     }
     result = run_playbook(playbook, inventory, cmdline=cmdline, envvars=envvars)
     results: dict[str, list] = {host: [] for host in cases}
@@ -545,10 +545,10 @@ def test_disk_checks_follow_the_other_roles_defaults():
     }
 
 
-# --- The rules themselves, called directly (filter_plugins/gpu_preflight.py) ----------------------
+# --- The rules themselves, called directly (plugins/filter/gpu_preflight.py) ----------------------
 
 
-ASSESS = load_module(ROLE / "filter_plugins" / "gpu_preflight.py", "gpu_preflight_filter").gpu_preflight_assess
+ASSESS = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_preflight.py", "gpu_preflight_filter").gpu_preflight_assess
 ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 # `{{ var | default('literal') }}` or `{{ var | default(p40fleet_fact) }}` (roles/p40fleet_defaults).

@@ -17,7 +17,7 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "gpu_qualify"
-RULES = load_module(ROLE / "filter_plugins" / "gpu_qualify.py", "gpu_qualify_rules")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_qualify.py", "gpu_qualify_rules")
 STANDINS = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "gpu_qualify"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 

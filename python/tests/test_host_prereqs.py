@@ -89,7 +89,7 @@ def test_defaults_and_argument_specs_declare_the_same_prefixed_variables():
 
 
 def _probe_module():
-    return load_module(ROLE / "library" / "host_prereqs_packages.py", "host_prereqs_packages")
+    return load_module(REPO_ROOT / "plugins" / "modules" / "host_prereqs_packages.py", "host_prereqs_packages")
 
 
 # `apt-cache policy gcc-11 git libxml2 nosuch` on Debian 12 (an unknown package prints nothing).

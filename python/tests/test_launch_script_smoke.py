@@ -142,9 +142,9 @@ def test_main_writes_the_json_and_exits_by_the_verdict(tmp_path, capsys):
     assert smoke.main(["--log", str(tmp_path / "missing.log"), "--steps", "1", "--rc", "0"]) == 1
 
 
-# --- The verdict playbooks/smoke.yml keeps (roles/launch_script/filter_plugins/launch_script.py) ----------------
+# --- The verdict playbooks/smoke.yml keeps (plugins/filter/launch_script.py) ----------------
 verdict = load_module(
-    REPO_ROOT / "roles" / "launch_script" / "filter_plugins" / "launch_script.py", "launch_script_filters"
+    REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_script_filters"
 ).launch_script_smoke_result
 
 

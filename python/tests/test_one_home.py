@@ -122,7 +122,7 @@ def role_variables(role) -> dict:
 def test_a_changed_pin_is_a_changed_input_of_every_stage_built_from_it(stage):
     """fleet_state hashes each stage's declared variables, templated: every p40fleet_* fact the stage's defaults
     or vars read must be reached from its declared inputs or markers, so overriding it re-opens the stage."""
-    specs_lookup = load_module(ROLES_DIR / "fleet_state" / "lookup_plugins" / "fleet_state_specs.py", "specs_lookup")
+    specs_lookup = load_module(ROLES_DIR.parent / "plugins" / "lookup" / "fleet_state_specs.py", "specs_lookup")
     role = ROLES_DIR / stage
     variables = {**DEFAULTS}
     for other in ROLES_DIR.iterdir():

@@ -1,5 +1,5 @@
 """Reads of files in the env owner's tree by root's probes, without hosts (docs/privileges.md): the conda probe's
-marker and .condarc (roles/conda_env/tasks/converge.yml) and the Apex wheel check's wheel and build.log
+marker and .condarc (roles/conda_env/tasks/probe.yml) and the Apex wheel check's wheel and build.log
 (roles/apex/files/apex_wheel_check.py). The owner can put a FIFO (which blocked `cat` and `open` for ever) or a link
 to root's files in their place; each must be refused at once, never followed. (The state probe's own reads:
 test_fleet_state.py.)
@@ -22,7 +22,7 @@ WHEEL_CHECK = REPO_ROOT / "roles" / "apex" / "files" / "apex_wheel_check.py"
 
 def conda_reader() -> str:
     """The conda probe's reader function, as the task's shell script defines it."""
-    tasks = yaml.safe_load((REPO_ROOT / "roles" / "conda_env" / "tasks" / "converge.yml").read_text())
+    tasks = yaml.safe_load((REPO_ROOT / "roles" / "conda_env" / "tasks" / "probe.yml").read_text())
     (probe,) = [task for task in tasks if task.get("name") == "Probe Miniconda and the env on the host"]
     script = probe["ansible.builtin.shell"]["cmd"]
     return script[: script.index('echo "owner=')]

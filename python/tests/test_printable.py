@@ -12,7 +12,7 @@ from p40fleet.progress import CONTROLS, one_line, printable
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-SMOKE_RULES = load_module(REPO_ROOT / "roles" / "launch_script" / "filter_plugins" / "launch_script.py", "ls_print")
+SMOKE_RULES = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "ls_print")
 
 TABLE = [
     ("plain text stays", "smoke: PASS 5/5 steps", "smoke: PASS 5/5 steps"),

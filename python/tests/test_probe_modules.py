@@ -19,8 +19,8 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FLEET_STATE_PROBE = REPO_ROOT / "roles" / "fleet_state" / "library" / "fleet_state_probe.py"
-GPU_PREFLIGHT_PROBE = REPO_ROOT / "roles" / "gpu_preflight" / "library" / "gpu_preflight_probe.py"
+FLEET_STATE_PROBE = REPO_ROOT / "plugins" / "modules" / "fleet_state_probe.py"
+GPU_PREFLIGHT_PROBE = REPO_ROOT / "plugins" / "modules" / "gpu_preflight_probe.py"
 AWKWARD = 'it\'s "quoted", \'\'\'triple\'\'\' and """triple""", C:\\new\\table \\\\ \u00e9\nsecond line'
 
 

@@ -1,4 +1,4 @@
-"""ray_cluster's firewall (filter_plugins/ray_cluster.py's ray_cluster_firewall), for real: the rendered ruleset is
+"""ray_cluster's firewall (plugins/filter/ray_cluster.py's ray_cluster_firewall), for real: the rendered ruleset is
 checked by nft and then loaded into a network namespace of its own on this machine (unshare -n: the test machine's
 own rules are never touched), where Ray's port is served and connections are tried as the attacks on the cluster make
 them: from another local account (a job submitted to the dashboard on 127.0.0.1, the GCS on the fleet address) and
@@ -24,7 +24,7 @@ import yaml
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-RULES = load_module(REPO_ROOT / "roles" / "ray_cluster" / "filter_plugins" / "ray_cluster.py", "ray_cluster_fw")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_fw")
 NFT = shutil.which("nft") or ("/usr/sbin/nft" if os.path.exists("/usr/sbin/nft") else None)
 OWNER_UID = 4242
 OTHER_UID = 4243

@@ -12,7 +12,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-RULES = load_module(REPO_ROOT / "roles" / "ray_cluster" / "filter_plugins" / "ray_cluster.py", "ray_cluster_filter")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_filter")
 P40 = {"name": "pascal", "gpu_name": "Tesla P40", "gpu_count": 1, "compute_cap": "6.1"}
 P40X2 = {**P40, "gpu_count": 2}
 V100 = {"name": "volta", "gpu_name": "Tesla V100-SXM2-16GB", "gpu_count": 1, "compute_cap": "7.0"}

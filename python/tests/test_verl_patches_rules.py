@@ -1,4 +1,4 @@
-"""verl_patches' lists for root (roles/verl_patches/filter_plugins/verl_patches.py), without hosts.
+"""verl_patches' lists for root (plugins/filter/verl_patches.py), without hosts.
 
 Root copies pristine files into its state directory; the list it copies comes from the patch set on the
 controller, never from the probe the env owner's Python ran (a forged `new_copies` with `..` through a
@@ -15,7 +15,7 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 ROLE = REPO_ROOT / "roles" / "verl_patches"
-rules = load_module(ROLE / "filter_plugins" / "verl_patches.py", "verl_patches_filters")
+rules = load_module(REPO_ROOT / "plugins" / "filter" / "verl_patches.py", "verl_patches_filters")
 
 
 def patch_set(*files):

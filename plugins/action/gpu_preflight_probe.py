@@ -1,8 +1,8 @@
 """gpu_preflight's one task: probe the host, judge the report, refuse it or publish its facts.
 
-The module of the same name (library/gpu_preflight_probe.py) runs on the host and only reads. This action,
+The module of the same name (plugins/modules/gpu_preflight_probe.py) runs on the host and only reads. This action,
 on the controller, hands it its options, then judges its report with the role's rules
-(filter_plugins/gpu_preflight.py, the same function the filter exposes) against `settings`:
+(plugins/filter/gpu_preflight.py, the same function the filter exposes) against `settings`:
 - a refused host fails this task with one message naming every finding, before anything touched it;
 - a host that passes gets the facts later stages read (gpu_preflight_profile, gpu_preflight_state_content,
   ...) as host facts, which also reach the fact cache and the run's events (p40fleet's report reads them).
@@ -23,7 +23,7 @@ from pathlib import Path
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-RULES_PATH = Path(__file__).resolve().parent.parent / "filter_plugins" / "gpu_preflight.py"
+RULES_PATH = Path(__file__).resolve().parent.parent / "filter" / "gpu_preflight.py"
 SETTINGS = (
     "host",
     "strict",

@@ -3,7 +3,7 @@
 `found | driver_hold_plan(settings)` decides which installed packages are the NVIDIA driver, which branch they
 are held at, what the apt preferences file and the unattended-upgrades blacklist say, which meta-packages are
 put on hold and, for `state: absent`, which holds this role added and must release. `found` is what
-library/driver_hold_packages.py read from the host; nothing here touches a host.
+plugins/modules/driver_hold_packages.py read from the host; nothing here touches a host.
 
 `found | driver_hold_unmet(plan)` lists how a host, read again after the role's tasks, differs from the plan:
 the role's post-condition check.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Read-only probe: the installed packages that may be NVIDIA's driver, their versions and dpkg selections
 (hold or install), whether unattended-upgrades is installed, the files driver_hold writes and its record of what
-it added. Changes nothing; every decision is made by the role's filter plugin (filter_plugins/driver_hold.py)."""
+it added. Changes nothing; every decision is made by the role's filter plugin (plugins/filter/driver_hold.py)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,9 @@ What it writes goes to a new file in the opened parent directory (O_EXCL, O_NOFO
 through its descriptor and renamed over the destination: a link planted at the last moment is replaced, never
 followed. `batch` makes a tree in one call (one round trip, where a loop made one per path): each item is a request
 of its own, its options over the task's, checked and acted on in order as if it were a task; the first refusal
-stops the batch. A plain script in Ansible's JSON-arguments module style, like the probes beside it.
+stops the batch. In diff mode (`--diff`, with `--check` too) a file's result carries a diff of its content
+as ansible.builtin.copy's does, the values of a `secret` file masked. A plain script in Ansible's JSON-arguments
+module style, like the probes beside it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import sys
@@ -82,6 +85,12 @@ options:
       root instead of refused. Only for directories root made itself.
     type: bool
     default: false
+  secret:
+    description: >-
+      The content is secret (credentials, tokens): in diff mode its diff shows the file's shape only (comments,
+      section headers and the names it sets, each value masked), never a value.
+    type: bool
+    default: false
   host:
     description: The host's inventory name, for messages.
     type: str
@@ -95,6 +104,11 @@ options:
 """
 
 FOLLOW_LIMIT = 40
+# Larger contents are named, not shown, in a diff (Ansible's own default for copy and template).
+DIFF_LIMIT = 104448
+MASK = "********"
+# A line that sets a name: `export NAME=value` (an .env), `name = value` (pip.conf), `name: value` (YAML).
+SETTING = re.compile(r"^(\s*(?:export\s+)?[A-Za-z_][\w.-]*\s*[=:]\s*)(.*)$")
 
 
 class Refused(Exception):
@@ -222,6 +236,52 @@ def lstat_at(fd: int, name: str) -> os.stat_result | None:
         return None
 
 
+def masked(text: str) -> str:
+    """A secret file's shape, never a value: comments, blank lines, section headers and names that set nothing as
+    they are, a setting's name with its value masked, any other line masked after its indent."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        end, stripped = line[len(body) :], body.strip()
+        setting = SETTING.match(body)
+        if not stripped or stripped.startswith("#") or (stripped.startswith("[") and stripped.endswith("]")):
+            lines.append(line)
+        elif setting:
+            lines.append(f"{setting.group(1)}{MASK if setting.group(2) else ''}{end}")
+        else:
+            lines.append(f"{body[: len(body) - len(body.lstrip())]}{MASK}{end}")
+    return "".join(lines)
+
+
+def shown(data: bytes | None, secret: bool) -> str:
+    """A file's content as a diff shows it: text (masked when secret), or a line naming what is not shown."""
+    if data is None:
+        return ""
+    if len(data) > DIFF_LIMIT:
+        return f"(content of {len(data)} bytes, over the {DIFF_LIMIT}-byte diff limit, not shown)\n"
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return f"(binary content, {len(data)} bytes)\n"
+    if "\0" in text:
+        return f"(binary content, {len(data)} bytes)\n"
+    return masked(text) if secret else text
+
+
+def file_diff(path: str, before: bytes | None, after: bytes, secret: bool, modes: tuple[str, str]) -> dict:
+    """The diff of a file's content as Ansible shows it (before/after with headers, as ansible.builtin.copy
+    returns). `before` is None for a file that does not exist yet; modes are (before, after), shown in the headers
+    where they differ."""
+    note = " (secret: values masked)" if secret else ""
+    old_mode, new_mode = modes
+    return {
+        "before_header": f"{path}{note}" if before is not None else f"{path} (absent)",
+        "after_header": f"{path}{note}" + (f" (mode {old_mode} -> {new_mode})" if old_mode != new_mode else ""),
+        "before": shown(before, secret),
+        "after": shown(after, secret),
+    }
+
+
 def ensure_directory(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> dict:
     path, mode = params["path"], params["mode"]
     fd, name, level, real = open_parent(path, trusted_uid)
@@ -283,6 +343,7 @@ def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> d
     fd, name, _, real = open_parent(path, trusted_uid)
     try:
         info = lstat_at(fd, name)
+        before, old_mode = None, f"{mode:04o}"
         if info is not None:
             if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, uid):
                 raise Refused(
@@ -291,17 +352,25 @@ def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> d
             current = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
             with os.fdopen(current, "rb") as handle:
                 opened = os.fstat(handle.fileno())
+                # Only a regular file is read (a FIFO swapped in after the lstat would block); in diff mode up to
+                # the diff limit, so that the diff shows what is there.
+                if stat.S_ISREG(opened.st_mode):
+                    before = handle.read(max(len(data), DIFF_LIMIT if params["diff"] else 0) + 1)
+                old_mode = f"{stat.S_IMODE(opened.st_mode):04o}"
                 same = (
                     stat.S_ISREG(opened.st_mode)
                     and opened.st_uid == uid
                     and stat.S_IMODE(opened.st_mode) == mode
                     and opened.st_size == len(data)
-                    and handle.read(len(data) + 1) == data
+                    and before == data
                 )
             if same:
                 return {"changed": False, "path": real}
+        result = {"changed": True, "path": real}
+        if params["diff"]:
+            result["diff"] = file_diff(real, before, data, params["secret"], (old_mode, f"{mode:04o}"))
         if check_mode:
-            return {"changed": True, "path": real}
+            return result
         temp = f".{name}.p40fleet-{os.getpid()}"
         handle_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         try:
@@ -316,7 +385,7 @@ def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> d
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=fd)
             raise
-        return {"changed": True, "path": real}
+        return result
     finally:
         os.close(fd)
 
@@ -360,6 +429,7 @@ OPTIONS = {
     "content_base64": ((str, type(None)), None),
     "reclaim": ((bool,), False),
     "recurse": ((bool,), False),
+    "secret": ((bool,), False),
     "host": ((str,), "this host"),
 }
 
@@ -388,6 +458,8 @@ def options(arguments: dict) -> dict:
         if value is not None and not isinstance(value, types):
             raise ValueError(f"option {key} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
         params[key] = value
+    # Ansible's --diff, passed to every module: a written file's result then carries its diff.
+    params["diff"] = bool(arguments.get("_ansible_diff"))
     if not params["path"]:
         raise ValueError("option path is required")
     if params["state"] not in STATES:
@@ -406,6 +478,15 @@ def options(arguments: dict) -> dict:
     return params
 
 
+def would_make(params: dict) -> dict:
+    """A dry run's result for a path whose parent or owner an earlier task of the run would make."""
+    result = {"changed": True, "path": params["path"]}
+    if params["diff"] and params["state"] == "file":
+        mode = f"{params['mode']:04o}"
+        result["diff"] = file_diff(params["path"], None, params["data"], params["secret"], (mode, mode))
+    return result
+
+
 def run(params: dict, check_mode: bool) -> dict:
     try:
         uid = uid_of(params["owner"])
@@ -413,7 +494,7 @@ def run(params: dict, check_mode: bool) -> dict:
         if check_mode and params["owner"] == params["trusted_owner"]:
             # The env owner that an earlier task of this run makes (conda_env): a dry run only pretended to make
             # it, so its paths are ones the run would make. A real run without the account still refuses.
-            return {"changed": True, "path": params["path"]}
+            return would_make(params)
         raise
     try:
         trusted = uid_of(params["trusted_owner"])
@@ -426,7 +507,7 @@ def run(params: dict, check_mode: bool) -> dict:
         return STATES[params["state"]](params, uid, trusted, check_mode)
     except Missing:
         if check_mode:
-            return {"changed": True, "path": params["path"]}
+            return would_make(params)
         raise
 
 
@@ -454,7 +535,10 @@ def run_batch(arguments: dict, check_mode: bool) -> dict:
             results.append(run(options({**common, **item}), check_mode))
         except (ValueError, OSError) as error:
             raise BatchItemFailed(item.get("path"), error) from error
-    return {"changed": any(result["changed"] for result in results), "results": results}
+    # Ansible shows a task's diff from its result's top level: the items' diffs, in order, as one list.
+    diffs = [result.pop("diff") for result in results if "diff" in result]
+    batch = {"changed": any(result["changed"] for result in results), "results": results}
+    return {**batch, "diff": diffs} if diffs else batch
 
 
 def without_content(arguments: dict) -> dict:

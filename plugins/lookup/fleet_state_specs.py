@@ -3,8 +3,8 @@
 For each stage whose role is in the play (its `<stage>_state_markers` variable is defined): the markers the
 role declares (files it owns, leftovers of an unfinished attempt, what its check mode needs), plus its inputs:
 the value of every variable its meta/argument_specs.yml declares (no_log ones, and those the markers list
-under ignore_inputs, left out) and a digest of the
-role's own files, so an inventory change or a new p40fleet release re-opens the stage.
+under ignore_inputs, left out) and digests of the role's own files and of the collection's plugins/, so an
+inventory change or a new p40fleet release re-opens the stage.
 
     lookup('fleet_state_specs', 'cuda_toolkit', 'cudnn', roles_dir='/path/to/roles')
 
@@ -110,10 +110,17 @@ def referenced(variables, names) -> dict | None:
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
-        self.set_options(var_options=variables, direct=kwargs)
-        roles_dir = self.get_option("roles_dir")
+        # The options are read as given, not through set_options: Ansible reads option definitions from the file
+        # it loaded, and the collection's playbooks load this lookup through playbooks/lookup_plugins/.
+        roles_dir = kwargs.get("roles_dir")
+        if not roles_dir:
+            raise AnsibleError("fleet_state_specs: roles_dir='<the directory holding the roles>' is required")
+        every_variable = bool(kwargs.get("every_variable", False))
         variables = variables or {}
         specs = {}
+        # The collection's plugins (beside roles/) are every stage's code too: fleet_state_path writes for all.
+        plugins_dir = os.path.join(os.path.dirname(os.path.abspath(roles_dir)), "plugins")
+        plugins_code = role_code_sha256(plugins_dir) if os.path.isdir(plugins_dir) else ""
         for stage in terms:
             markers = f"{stage}_state_markers"
             if markers not in variables:
@@ -122,7 +129,7 @@ class LookupModule(LookupBase):
             if not os.path.isdir(role_dir):
                 raise AnsibleError(f"fleet_state_specs: {stage} declares {markers} but {role_dir} is not a role")
             declared = [name for name in declared_inputs(role_dir) if name in variables]
-            subset = None if self.get_option("every_variable") else referenced(variables, [markers, *declared])
+            subset = None if every_variable else referenced(variables, [markers, *declared])
             try:
                 spec = self._stage_spec(subset, markers, declared) if subset is not None else None
             except AnsibleError:
@@ -130,6 +137,7 @@ class LookupModule(LookupBase):
             if spec is None:
                 spec = self._stage_spec(variables, markers, declared)
             spec["inputs"]["role_code_sha256"] = role_code_sha256(role_dir)
+            spec["inputs"]["plugins_code_sha256"] = plugins_code
             specs[stage] = spec
         return [specs]
 

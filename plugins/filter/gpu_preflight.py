@@ -1,7 +1,7 @@
 """gpu_preflight's decisions: the probe's report and the role's settings in, one verdict out.
 
 `found | gpu_preflight_assess(settings)` returns the findings (errors, warnings) and, for a host
-that passes, the GPU profile and the facts the role publishes. action_plugins/gpu_preflight_probe.py calls it
+that passes, the GPU profile and the facts the role publishes. plugins/action/gpu_preflight_probe.py calls it
 on the probe's report, in the same task that probes the host.
 Every message names what was found, what is required and what to do.
 """
