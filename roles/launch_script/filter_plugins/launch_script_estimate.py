@@ -170,6 +170,10 @@ def schedule(settings, run):
     }
 
 
+def _count(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _duration(seconds):
     if seconds >= 2 * 86400:
         return f"{seconds / 86400:.1f} days"
@@ -184,8 +188,9 @@ def launch_script_estimate(profile, settings, run):
     plan = schedule(settings, run)
     card, model = find_card(profile.get("gpu_name")), model_of(run["model_path"])
     lines = [
-        f"schedule: {plan['steps']} steps ({run['total_epochs']} epochs of {run['train_rows']} rows at "
-        f"{run['train_batch_size']}), {plan['validations']} validations of {run['test_rows']} rows, "
+        f"schedule: {_count(plan['steps'], 'step')} ({_count(run['total_epochs'], 'epoch')} of "
+        f"{run['train_rows']} rows at {run['train_batch_size']}), "
+        f"{_count(plan['validations'], 'validation')} of {run['test_rows']} rows, "
         f"a checkpoint every {settings['save_freq']} steps and at the last: {plan['saves']} saved, "
         f"the last {plan['kept']} kept"
         + (f" ({plan['checkpoint_gib']} GiB each, {plan['disk_gib']} GiB on disk)" if plan["disk_gib"] else "")
