@@ -1,4 +1,8 @@
-"""launch_script's decisions: a run's settings digest, and a smoke run's verdict (playbooks/smoke.yml).
+"""launch_script's decisions: the launch settings, a run's settings digest, a smoke run's verdict (playbooks/smoke.yml).
+
+`profile | launch_script_settings(inputs)` turns gpu_preflight's profile (with its memory tier, `launch`) and the
+role's variables (`inputs`: their names less the `launch_script_` prefix) into the values the script renders: an
+empty variable takes the tier's or the profile's value (test_launch_script_settings.py holds the table).
 
 `overrides | launch_script_run_digest(schedule_keys)` is 8 hex digits of sha256 over the overrides that change
 what a run trains (every override whose key is not a schedule key, in order): a run's name carries it, so verl's
@@ -58,6 +62,128 @@ def launch_script_run_digest(overrides, schedule_keys):
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:8]
 
 
+# FSDP parameter precision per profile dtype. Volta and Turing (float16) train with fp32 parameters:
+# verl 0.4.1/0.5.0 FSDP training has no gradient scaler (dp_actor.py calls a bare loss.backward(),
+# 0.4.1 verl/workers/actor/dp_actor.py:512, 0.5.0 :470; dp_critic.py 0.4.1 :255, 0.5.0 :240; no
+# GradScaler anywhere in verl/), so fp16 parameters risk silent gradient underflow. fp16 FSDP training
+# with a scaler arrives in verl 0.6.1 (PR #4036, docs/facts.md).
+PARAM_DTYPE_BY_PROFILE_DTYPE = {"float32": "fp32", "float16": "fp32", "bfloat16": "bf16"}
+# Ansible's `bool` filter's words (ansible.plugins.filter.core); anything else is a problem, not a guess.
+TRUE_WORDS = {"true", "yes", "on", "1"}
+FALSE_WORDS = {"false", "no", "off", "0"}
+
+
+def _given(value):
+    """Whether a variable that may be left empty was set ("" = derive it; false and 0 are settings)."""
+    return value is not None and str(value) != ""
+
+
+def _as_bool(value, name, problems):
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    problems.append(f"launch_script_{name} is {value!r}: true or false wanted")
+    return False
+
+
+def _as_number(value, name, problems, kind=int):
+    if not isinstance(value, bool):
+        try:
+            number = kind(str(value).strip())
+            if number >= 0:
+                return number
+        except ValueError:
+            pass
+    problems.append(f"launch_script_{name} is {value!r}: a {'whole ' if kind is int else ''}number >= 0 wanted")
+    return kind(0)
+
+
+def launch_script_settings(profile, inputs):
+    """The launch settings from the profile, its memory tier and the role's inputs (empty = derived).
+
+    Returns {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload,
+    actor_param_offload, optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype,
+    use_torch_compile, use_remove_padding, val_batch_size, save_freq, smoke_batch, tier_refusal, problems}: problems
+    lists inputs that are no setting (converge.yml stops with them)."""
+    profile = profile if isinstance(profile, dict) else {}
+    tier = profile.get("launch") or {}
+    problems = []
+
+    def pick(name, fallback, convert):
+        value = inputs.get(name, "")
+        return convert(value if _given(value) else fallback, name, problems)
+
+    def number(value, name, problems):
+        return _as_number(value, name, problems)
+
+    def flag(value, name, problems):
+        return _as_bool(value, name, problems)
+
+    gpus = pick("gpus_per_node", profile.get("gpu_count", 0), number)
+    world_size = gpus * _as_number(inputs.get("nnodes", 1), "nnodes", problems)
+    micro = pick("ppo_micro_batch_size_per_gpu", tier.get("ppo_micro_batch_size_per_gpu", 1), number)
+    rollout_micro = pick("rollout_micro_batch_size", tier.get("rollout_micro_batch_size", 8), number)
+    rollout_name = inputs.get("rollout_name") or (
+        profile.get("rollout_name", "hf")
+        if _as_bool(inputs.get("vllm_installed", False), "vllm_installed", problems)
+        else "hf"
+    )
+    # FSDP on one GPU shards nothing, so a single-GPU host offloads parameters whatever its tier unless told.
+    param_offload = pick("param_offload", tier.get("param_offload", True), flag) or (
+        not _given(inputs.get("param_offload", ""))
+        and _as_bool(inputs.get("single_gpu_param_offload", True), "single_gpu_param_offload", problems)
+        and world_size == 1
+    )
+    train_batch = _as_number(inputs.get("train_batch_size", 1), "train_batch_size", problems)
+    rows = _as_number(inputs.get("train_rows", 0), "train_rows", problems)
+    refusals = tier.get("refuse") or {}
+    allow_refused = _as_bool(inputs.get("allow_refused_tier", False), "allow_refused_tier", problems)
+    return {
+        "gpus": gpus,
+        "world_size": world_size,
+        "visible_devices": inputs.get("cuda_visible_devices") or profile.get("cuda_visible_devices", ""),
+        "micro": micro,
+        "log_prob_micro": pick(
+            "log_prob_micro_batch_size_per_gpu", tier.get("log_prob_micro_batch_size_per_gpu", 1), number
+        ),
+        "rollout_micro": rollout_micro,
+        "param_offload": param_offload,
+        # The hf rollout generates with the actor's FSDP module as it is: verl 0.4.1/0.5.0 offload the actor at
+        # init (verl/workers/fsdp_workers.py:542) and only the vLLM/SGLang sharding managers load it back, so
+        # generate_sequences meets parameters on the CPU (`Expects tensor to be on the compute device`,
+        # FSDP.summon_full_params). Under hf the actor keeps its parameters on the GPU; the critic's parameters and
+        # both optimizers still offload.
+        "actor_param_offload": param_offload and rollout_name != "hf",
+        "optimizer_offload": pick("optimizer_offload", tier.get("optimizer_offload", True), flag),
+        "gpu_memory_utilization": pick(
+            "gpu_memory_utilization",
+            tier.get("gpu_memory_utilization", 0.3),
+            lambda v, n, p: _as_number(v, n, p, float),
+        ),
+        "rollout_name": rollout_name,
+        "rollout_dtype": inputs.get("rollout_dtype") or profile.get("dtype", ""),
+        "param_dtype": inputs.get("param_dtype")
+        or PARAM_DTYPE_BY_PROFILE_DTYPE.get(profile.get("dtype", "float32"), "fp32"),
+        "use_torch_compile": pick("use_torch_compile", profile.get("torch_compile", False), flag),
+        # Packed sequences rely on FlashAttention-2's varlen path.
+        "use_remove_padding": pick(
+            "use_remove_padding", profile.get("attn_implementation", "") == "flash_attention_2", flag
+        ),
+        # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch can't).
+        "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
+        # One checkpoint an epoch (verl's train dataloader drops the last partial batch), and one at the last step.
+        "save_freq": pick("save_freq", max(1, rows // train_batch) if train_batch else 1, number),
+        # --smoke's batch: two micro batches per GPU (verl divides the mini batch by the GPU count and needs it
+        # divisible by the micro batch).
+        "smoke_batch": 2 * micro * world_size,
+        # Why this card cannot train the default model (gpu_preflight_launch_tiers); empty = it can.
+        "tier_refusal": "" if allow_refused else refusals.get(profile.get("dtype", "float32"), ""),
+        "problems": problems,
+    }
+
+
 def launch_script_smoke_result(stdout, rc, steps, at=""):
     """{ok, steps_wanted, steps_done, seconds_per_step, peaks..., summary, why, at} from the script's output."""
     lines = (stdout or "").splitlines()
@@ -107,4 +233,5 @@ class FilterModule:
         return {
             "launch_script_smoke_result": launch_script_smoke_result,
             "launch_script_run_digest": launch_script_run_digest,
+            "launch_script_settings": launch_script_settings,
         }

@@ -41,6 +41,7 @@ from p40fleet.lock import RunLocked
 from p40fleet.paths import ANSIBLE_DIR
 from p40fleet.progress import make_progress, one_line, printable
 from p40fleet.run import RunError, ansible_env
+from p40fleet.run_time import run_time
 from p40fleet.state import StateDir
 
 __all__ = [
@@ -170,6 +171,7 @@ def _record_line(record: fleet.HostRecord) -> str:
         ("patch set", record.patch_set),
         ("launch script", record.launch_script),
         ("smoke run", (record.smoke or {}).get("summary")),
+        ("run time", run_time(record.smoke)),
     ):
         if value:
             parts.append(f"{label} {value}")

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from html import escape
 
 from p40fleet.fleet import STATUSES
+from p40fleet.run_time import run_time
 
 ORDER = {status: index for index, status in enumerate(("failed", "unreachable", "drift", "unknown", "ok", "converged"))}
 LABELS = {
@@ -215,6 +216,10 @@ def _card(host: dict) -> str:
             f'<div class="smoke"><h3>smoke run <b>{verdict}</b> {escape(_when(str(smoke.get("at") or "")))}</h3>'
             f"<code>{escape(str(smoke.get('summary', '')))}</code></div>"
         )
+    # The run's expected duration: measured by a full-batch smoke, else the estimate (docs/estimate.md).
+    duration = run_time(smoke)
+    if duration:
+        parts.append(f'<div class="smoke"><h3>run time</h3>{escape(duration)}</div>')
     if known:
         notes = [f"read by {_e(host['state_source'])} {_when(host.get('state_at'))}"]
         if host.get("verified_at"):

@@ -219,6 +219,26 @@ def test_validation_batches_split_and_checkpoints_are_kept_by_default(rendered):
         assert keys["trainer.default_local_dir"] == f"/srv/verl-runs/checkpoints/{name}"
 
 
+def test_print_states_the_schedule_and_an_estimate_on_stderr_and_only_the_command_on_stdout(rendered):
+    """The overrides the GPU records digest are --print's stdout (tests/launch_render.py): the schedule and the
+    estimate (docs/estimate.md) go to stderr, for a plain --print only."""
+    script = rendered["p40"]["script"]
+    done = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=True)
+    assert done.stdout == rendered["p40"]["printed"] and parse_printed(done.stdout) == rendered["p40"]["overrides"]
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("schedule: 435 steps (15 epochs of 7473 rows at 256), 45 validations of 1319 rows")
+    assert "15 saved, the last 2 kept (11.0 GiB each, 22.1 GiB on disk)" in lines[0]
+    assert re.match(r"estimate for 1x Tesla P40, .* [0-9.]+ minutes a step \(gen [0-9]+ s, ", lines[1]), lines[1]
+    assert "docs/estimate.md" in lines[1] and "--smoke" in lines[2]
+    given = subprocess.run([str(script), "--print", "trainer.total_epochs=1"], capture_output=True, text=True)
+    assert given.stderr.startswith("(for the rendered settings: the overrides given here are not counted)")
+    smoke = subprocess.run([str(script), "--print", "--smoke"], capture_output=True, text=True, check=True)
+    assert smoke.stderr == ""
+    # Where the cost model does not reach, it says so instead of guessing.
+    v100 = subprocess.run([str(rendered["v100"]["script"]), "--print"], capture_output=True, text=True, check=True)
+    assert "estimate: none (the cost model covers the hf rollout on padded sequences only)" in v100.stderr
+
+
 def test_a_run_with_other_training_settings_gets_a_name_of_its_own(rendered):
     names = {h: as_dict(rendered[h]["overrides"])["trainer.experiment_name"] for h in rendered}
     digests = {h: name.rsplit("-", 1)[1] for h, name in names.items()}

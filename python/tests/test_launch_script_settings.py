@@ -1,0 +1,185 @@
+"""The launch settings (plugins/filter/launch_script.py, `launch_script_settings`): what the
+script renders from gpu_preflight's profile, its memory tier and the role's variables, as a table.
+
+The renderings themselves (test_launch_script.py, test_gpu_records.py) show the role wires these values into the
+overrides; here each rule is a row.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from p40fleet_dev.paths import REPO_ROOT
+from tests.launch_render import preflight_profile
+from tests.source_modules import load_module
+
+ROLE = REPO_ROOT / "roles" / "launch_script"
+FILTERS = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_script_settings_filters")
+DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+# The role's own defaults for the inputs the filter reads (vars/main.yml passes them under these names).
+INPUTS = {
+    name: DEFAULTS[f"launch_script_{name}"]
+    for name in (
+        "gpus_per_node",
+        "nnodes",
+        "cuda_visible_devices",
+        "ppo_micro_batch_size_per_gpu",
+        "log_prob_micro_batch_size_per_gpu",
+        "rollout_micro_batch_size",
+        "param_offload",
+        "single_gpu_param_offload",
+        "optimizer_offload",
+        "gpu_memory_utilization",
+        "rollout_name",
+        "rollout_dtype",
+        "param_dtype",
+        "use_torch_compile",
+        "use_remove_padding",
+        "val_batch_size",
+        "save_freq",
+        "train_rows",
+        "train_batch_size",
+        "allow_refused_tier",
+    )
+}
+INPUTS["vllm_installed"] = False
+
+P40 = preflight_profile("Tesla P40", "6.1", 24576, 1)
+P40X2 = preflight_profile("Tesla P40", "6.1", 24576, 2)
+P4 = preflight_profile("Tesla P4", "6.1", 7680, 1)
+T4 = preflight_profile("Tesla T4", "7.5", 15360, 1)
+V100 = preflight_profile("Tesla V100-SXM2-32GB", "7.0", 32768, 1)
+A100 = preflight_profile("NVIDIA A100-SXM4-40GB", "8.0", 40960, 1)
+
+
+def settings(profile, **changes):
+    return FILTERS.launch_script_settings(profile, {**INPUTS, **changes})
+
+
+def test_the_filter_reads_every_variable_vars_main_passes():
+    wiring = (ROLE / "vars" / "main.yml").read_text()
+    for name in INPUTS:
+        assert f"'{name}': launch_script_{name}," in wiring or f"'{name}': launch_script_{name}}}" in wiring, name
+
+
+# (profile, variables, expected settings): empty variables take the tier's and the profile's values.
+ROWS = [
+    # A 1x P40 (24 GB tier, fp32): the tier's micro batches; one GPU offloads the critic's parameters, never the
+    # actor's under hf; one checkpoint an epoch (7473 // 256); validation in one generate call.
+    (
+        P40,
+        {},
+        {
+            "gpus": 1,
+            "world_size": 1,
+            "visible_devices": "0",
+            "micro": 4,
+            "log_prob_micro": 8,
+            "rollout_micro": 64,
+            "param_offload": True,
+            "actor_param_offload": False,
+            "optimizer_offload": True,
+            "gpu_memory_utilization": 0.5,
+            "rollout_name": "hf",
+            "rollout_dtype": "float32",
+            "param_dtype": "fp32",
+            "use_torch_compile": False,
+            "use_remove_padding": False,
+            "val_batch_size": 64,
+            "save_freq": 29,
+            "smoke_batch": 8,
+            "tier_refusal": "",
+            "problems": [],
+        },
+    ),
+    # Two P40s shard: the tier's no-offload holds; the validation and smoke batches span both GPUs.
+    (
+        P40X2,
+        {},
+        {"gpus": 2, "visible_devices": "0,1", "param_offload": False, "val_batch_size": 128, "smoke_batch": 16},
+    ),
+    # Two nodes of two GPUs: the world is four.
+    (P40X2, {"nnodes": 2}, {"world_size": 4, "param_offload": False, "val_batch_size": 256, "smoke_batch": 32}),
+    # The single-GPU rule can be switched off, and an explicit false wins over it.
+    (P40, {"single_gpu_param_offload": False}, {"param_offload": False}),
+    (P40, {"param_offload": False}, {"param_offload": False, "actor_param_offload": False}),
+    (P40, {"param_offload": "false"}, {"param_offload": False}),
+    # Offload asked explicitly reaches the actor only under an engine that reloads it.
+    (P40X2, {"param_offload": True}, {"param_offload": True, "actor_param_offload": False}),
+    (P40X2, {"param_offload": True, "rollout_name": "vllm"}, {"actor_param_offload": True, "rollout_name": "vllm"}),
+    # The profile's vLLM only where the env has it; explicit values as given, strings included.
+    (V100, {}, {"rollout_name": "hf", "rollout_dtype": "float16", "param_dtype": "fp32", "use_torch_compile": True}),
+    (V100, {"vllm_installed": True}, {"rollout_name": "vllm"}),
+    (V100, {"vllm_installed": "true", "gpu_memory_utilization": "0.55"}, {"gpu_memory_utilization": 0.55}),
+    (
+        P40,
+        {
+            "ppo_micro_batch_size_per_gpu": 3,
+            "log_prob_micro_batch_size_per_gpu": "6",
+            "rollout_micro_batch_size": 16,
+            "val_batch_size": 32,
+            "save_freq": 7,
+            "gpus_per_node": "1",
+            "cuda_visible_devices": "2",
+            "use_torch_compile": True,
+            "use_remove_padding": "yes",
+            "optimizer_offload": False,
+            "rollout_dtype": "float16",
+            "param_dtype": "bf16",
+        },
+        {
+            "micro": 3,
+            "log_prob_micro": 6,
+            "rollout_micro": 16,
+            "val_batch_size": 32,
+            "save_freq": 7,
+            "visible_devices": "2",
+            "use_torch_compile": True,
+            "use_remove_padding": True,
+            "optimizer_offload": False,
+            "rollout_dtype": "float16",
+            "param_dtype": "bf16",
+            "smoke_batch": 6,
+        },
+    ),
+    # bf16 cards train bf16 parameters; the 40 GB tier offloads nothing but the single GPU's parameters. Packed
+    # sequences only where the profile attends with FlashAttention-2 (no profile does on this stack, docs/facts.md).
+    (A100, {}, {"param_dtype": "bf16", "use_remove_padding": False, "micro": 8, "optimizer_offload": False}),
+    ({**A100, "attn_implementation": "flash_attention_2"}, {}, {"use_remove_padding": True}),
+    # A save every step at least, whatever the split's size.
+    (P40, {"train_rows": 100, "train_batch_size": 512}, {"save_freq": 1}),
+    # Tiers that cannot train say why, unless the switch renders them on purpose.
+    (P4, {"allow_refused_tier": True}, {"tier_refusal": "", "micro": 1, "rollout_micro": 8}),
+    # A profile without a tier takes the smallest batches and offloads.
+    ({"gpu_count": 1, "dtype": "float32"}, {}, {"micro": 1, "rollout_micro": 8, "optimizer_offload": True}),
+]
+
+
+@pytest.mark.parametrize(("profile", "changes", "expected"), ROWS)
+def test_settings_table(profile, changes, expected):
+    got = settings(profile, **changes)
+    assert {key: got[key] for key in expected} == expected
+    # The rendered text of each value is what verl's Hydra reads (Python's True/False, plain numbers).
+    assert all(type(got[key]) is type(value) for key, value in expected.items()), got
+
+
+def test_refused_tiers_carry_the_tiers_reason_per_dtype():
+    assert "Adam states" in settings(P4)["tier_refusal"]
+    assert "docs/gpu-runs/t4-1x-hf.json" in settings(T4)["tier_refusal"]
+    assert settings(P40)["tier_refusal"] == ""
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"param_offload": "maybe"}, "launch_script_param_offload is 'maybe': true or false wanted"),
+        ({"ppo_micro_batch_size_per_gpu": "four"}, "launch_script_ppo_micro_batch_size_per_gpu is 'four'"),
+        ({"gpu_memory_utilization": "-0.5"}, "launch_script_gpu_memory_utilization is '-0.5'"),
+        ({"use_torch_compile": 2}, "launch_script_use_torch_compile is 2"),
+        ({"save_freq": True}, "launch_script_save_freq is True"),
+    ],
+)
+def test_a_value_that_is_no_setting_is_a_problem_naming_the_variable(changes, named):
+    problems = settings(P40, **changes)["problems"]
+    assert len(problems) == 1 and problems[0].startswith(named), problems
