@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from p40fleet import fleet, html_report
+from p40fleet import card_table, fleet, html_report
 from p40fleet import report as report_mod
 from p40fleet.api import (
     EXIT_BAD_INPUT,
@@ -233,6 +233,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     saved["hosts"] = {h: v for h, v in saved.get("hosts", {}).items() if h in names}
     records = fleet.host_records(saved, hosts=names)
     data = fleet.fleet_report(records, str(inventory))
+    data["cards"] = card_table.card_rows(card_table.read_history(qualify_history_path(state.root, inventory)), names)
     if args.json:
         report_mod.write_report(data, args.json)
     if args.html:

@@ -512,11 +512,14 @@ def gpu_qualify_verdicts(collected, history, settings):
     xids = parse_xids(collected.get("kernel_log", ""))
     known = (history or {}).get("cards") or {}
     verdicts = []
-    for card in cards:
+    for position, card in enumerate(cards):
         key = bus_key(card["bus_id"])
         mine = [s for s in samples if bus_key(s.get("pci.bus_id", "")) == key]
         previous = (known.get(card_id(card)) or {}).get("last")
-        verdicts.append(card_verdict(card, mine, xids.get(key, {}), previous, settings))
+        verdict = card_verdict(card, mine, xids.get(key, {}), previous, settings)
+        # nvidia-smi's index as its samples give it; -q lists the cards in that same (PCI bus) order.
+        index = next((s["index"] for s in mine if s.get("index") is not None), position)
+        verdicts.append({**verdict, "index": int(index)})
     return verdicts
 
 
