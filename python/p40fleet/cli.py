@@ -125,7 +125,7 @@ def _add_extra_vars(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return _run_reported(args, "run")
+    return _run_reported(args, "run", _with_qualify_history)
 
 
 QUALIFY_PLAYBOOK = ANSIBLE_DIR / "playbooks" / "qualify.yml"
@@ -137,11 +137,16 @@ def qualify_history_path(state_dir: Path | str | None, inventory: Path) -> Path:
     return StateDir(state_dir).inventory(inventory).dir / QUALIFY_HISTORY
 
 
-def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
+def _with_qualify_history(args: argparse.Namespace, inventory: Path) -> None:
+    """Every run reads the same history: qualify writes it, the smoke and the cluster plan refuse failed cards."""
     history = qualify_history_path(getattr(args, "state_dir", None), inventory)
     history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The history's place comes first, so an -e of the operator's own still wins.
     args.extra_vars = [json.dumps({"gpu_qualify_history_file": str(history)}), *(args.extra_vars or [])]
+
+
+def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
+    _with_qualify_history(args, inventory)
     args.playbook = QUALIFY_PLAYBOOK
 
 

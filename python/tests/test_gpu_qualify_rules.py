@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -389,3 +390,82 @@ def test_the_role_fails_only_the_host_with_a_failed_card_and_keeps_every_verdict
     assert last["last"]["getting_worse"] is True
     assert any(reason.startswith("getting worse since the last qualification") for reason in last["last"]["reasons"])
     assert [entry["verdict"] for entry in last["trail"]] == ["fail", "fail"]
+
+
+# --- Before training: the smoke and the cluster plan refuse a failed card unless the inventory accepts it -------
+
+
+def failed_history() -> dict:
+    return RULES.gpu_qualify_history(
+        {}, [judge("p40-thermal", host="gpu1"), judge("p40-x8", host="gpu1")], "2026-12-04T09:00:00+00:00"
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "accept", "refused"),
+    [
+        ("gpu1", [], ["0324617040112"]),  # the thermal card failed; the x8 card only warned
+        ("gpu1", ["0324617040112"], []),  # the inventory accepts it by serial
+        ("gpu1", ["0324617041387"], ["0324617040112"]),  # accepting another card accepts nothing here
+        ("gpu2", [], []),  # a host never qualified is not refused
+    ],
+)
+def test_refusals(host, accept, refused):
+    messages = RULES.gpu_qualify_refusals(failed_history(), host, accept, "/state/gpu-qualify.json")
+    assert [re.search(r"serial (\S+)\)", m).group(1) for m in messages] == refused
+
+
+def test_a_refusal_names_the_card_its_verdict_and_what_to_do():
+    [message] = RULES.gpu_qualify_refusals(failed_history(), "gpu1", [], "/state/gpu-qualify.json")
+    assert message.startswith(
+        "gpu1: GPU 00000000:03:00.0 (Tesla P40, serial 0324617040112) failed its last qualification "
+        "(2026-12-04T09:00:00+00:00, /state/gpu-qualify.json): HW Thermal Slowdown reached under load at a peak of "
+        "92 °C (first at 92 °C);"
+    )
+    assert message.endswith(
+        "do: fix what it names and run `p40fleet qualify -l gpu1` again, or, to train on the card anyway, add its "
+        'serial to gpu_qualify_accept for gpu1 in the inventory (gpu_qualify_accept: ["0324617040112"])'
+    )
+
+
+def test_the_gate_through_ansible_refuses_only_the_host_with_an_unaccepted_failed_card(tmp_path):
+    history = tmp_path / "gpu-qualify.json"
+    history.write_text(
+        json.dumps(
+            RULES.gpu_qualify_history(
+                {},
+                [judge("p40-thermal", host="hot"), judge("p40-ecc-errors", host="kept")],
+                "2026-12-04T09:00:00+00:00",
+            )
+        )
+    )
+    hosts = {
+        host: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **extra}
+        for host, extra in {"hot": {}, "kept": {"gpu_qualify_accept": ["0324617040318"]}, "new": {}}.items()
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    playbook = tmp_path / "gate.yml"
+    gate = {"ansible.builtin.include_role": {"name": "gpu_qualify", "tasks_from": "gate"}}
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "Gate", "hosts": "p40-hosts", "gather_facts": False, "tasks": [{"name": "Gate", **gate}]}]
+        )
+    )
+    envvars = {"ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles")}
+    result = run_playbook(playbook, inventory, cmdline=["-e", f"gpu_qualify_history_file={history}"], envvars=envvars)
+    assert result.stats, result.stdout[-3000:]
+    failed = {failure.host: failure.message for failure in result.failures}
+    assert sorted(failed) == ["hot"]
+    assert "serial 0324617040112) failed its last qualification" in failed["hot"]
+    assert sorted(result.stats) == ["hot", "kept", "new"]  # the accepted card's host and the new one passed
+
+
+@pytest.mark.parametrize("playbook", ["playbooks/smoke.yml", "playbooks/cluster.yml"])
+def test_the_smoke_and_the_cluster_plan_pass_the_gate_first(playbook):
+    plays = yaml.safe_load((REPO_ROOT / playbook).read_text())
+    first_tasks = plays[0].get("tasks") or []
+    assert first_tasks and first_tasks[0]["ansible.builtin.include_role"] == {
+        "name": "gpu_qualify",
+        "tasks_from": "gate",
+    }

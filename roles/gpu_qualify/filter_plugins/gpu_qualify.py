@@ -553,11 +553,31 @@ def gpu_qualify_history(history, verdicts, checked_at, keep=20):
     return {"schema": 1, "cards": cards}
 
 
+def gpu_qualify_refusals(history, host, accept=(), history_file="the controller's history"):
+    """Why a host may not train (the cluster plan, the smoke): each of its cards whose last qualification failed,
+    unless the inventory accepts that card by serial (gpu_qualify_accept). A host never qualified is not refused."""
+    accepted = {str(serial).strip() for serial in accept or ()}
+    refusals = []
+    for card, record in sorted(((history or {}).get("cards") or {}).items()):
+        last = (record or {}).get("last") or {}
+        if last.get("host") != host or last.get("verdict") != "fail" or card in accepted:
+            continue
+        reasons = "; ".join(f["reason"] for f in last.get("findings") or [] if f.get("level") == "fail")
+        refusals.append(
+            f"{host}: GPU {last.get('bus_id')} ({last.get('name')}, serial {card}) failed its last qualification "
+            f"({last.get('checked_at', 'earlier')}, {history_file}): {reasons or 'see the history'}; do: fix what it "
+            f"names and run `p40fleet qualify -l {host}` again, or, to train on the card anyway, add its serial to "
+            f'gpu_qualify_accept for {host} in the inventory (gpu_qualify_accept: ["{card}"])'
+        )
+    return refusals
+
+
 class FilterModule:
     def filters(self):
         return {
             "gpu_qualify_verdicts": gpu_qualify_verdicts,
             "gpu_qualify_history": gpu_qualify_history,
             "gpu_qualify_message": gpu_qualify_message,
+            "gpu_qualify_refusals": gpu_qualify_refusals,
             "gpu_qualify_sample_fields": sample_fields,
         }
