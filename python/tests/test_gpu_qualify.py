@@ -47,6 +47,8 @@ EXPECTED = {
     "node6": ("warn", "PCIe link x8 under load, the card's maximum x16"),
     "node7": ("warn", "reached 84 °C under load (gpu_qualify_max_temperature_c: 83 °C, slowdown at 92 °C)"),
 }
+# One card per host: nvidia-smi topo's one-row matrices, as a single-GPU host's driver answers them.
+SINGLE = "\tGPU0\n GPU0\tX\n\nLegend:\n\n  X    = Self\n"
 RETIRED_BEFORE = ("Single Bit ECC                    : 6", "Single Bit ECC                    : 2")
 
 
@@ -63,6 +65,7 @@ def give_card(fleet, host: str, name: str, edit: tuple[str, str] | None = None) 
         assert edit[0] in case["smi_q"]
         case["smi_q"] = case["smi_q"].replace(*edit)
     scenario = {**case, "samples_fields": RULES.sample_fields(case["reasons_prefix"]), "cards": 1}
+    scenario.update(topo_m=SINGLE, topo_p2p_r=SINGLE)
     put(fleet, host, SCENARIO, json.dumps(scenario), "0644")
     put(fleet, host, KERNEL_LOG, case["kernel_log"], "0600")
     return case
@@ -117,6 +120,14 @@ def test_each_standin_card_gets_its_verdict_and_message(fleet, first):
             assert any(r.startswith(reason) for r in card["reasons"]), (host, card["reasons"])
         else:
             assert card["reasons"] == []
+
+
+def test_a_single_gpu_host_has_no_topology_to_fix(fleet, first):
+    hosts = history(fleet)["hosts"]
+    assert sorted(hosts) == sorted(FLEET)
+    assert {h: (t["gpus"], t["nccl_environment"], t["findings"]) for h, t in hosts.items()} == dict.fromkeys(
+        FLEET, (0, {}, [])
+    )
 
 
 def test_a_throttling_card_fails_with_the_temperature_and_reason_it_reached(first):
