@@ -126,7 +126,7 @@ def test_a_single_gpu_host_has_no_topology_to_fix(fleet, first):
     hosts = history(fleet)["hosts"]
     assert sorted(hosts) == sorted(FLEET)
     assert {h: (t["gpus"], t["nccl_environment"], t["findings"]) for h, t in hosts.items()} == dict.fromkeys(
-        FLEET, (0, {}, [])
+        FLEET, (1, {}, [])
     )
 
 

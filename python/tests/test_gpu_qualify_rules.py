@@ -514,7 +514,8 @@ def test_the_hint_follows_the_kernel_command_line(cmdline, hint):
 
 def test_a_single_gpu_host_and_an_unreadable_topology():
     single = "\tGPU0\n GPU0\tX\n\nLegend:\n\n  X    = Self\n"
-    assert RULES.gpu_qualify_topology({"topo_m": single, "topo_p2p_r": single}, "gpu1")["findings"] == []
+    alone = RULES.gpu_qualify_topology({"topo_m": single, "topo_p2p_r": single}, "gpu1")
+    assert (alone["gpus"], alone["pairs"], alone["findings"]) == (1, [], [])
     unread = RULES.gpu_qualify_topology({"topo_m": "", "topo_p2p_r": "", "topo_rc": 2}, "gpu1")
     assert unread["nccl_environment"] == {} and unread["findings"][0]["reason"].startswith("nvidia-smi topo answered 2")
 

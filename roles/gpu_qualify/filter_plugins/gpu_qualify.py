@@ -572,6 +572,12 @@ P2P_MEANING = {
 }
 
 
+def matrix_gpus(text):
+    """How many GPUs a topo matrix's header names (1 on a one-GPU host, whose matrix has no pair)."""
+    head = next((ANSI.sub("", line) for line in text.splitlines() if line.strip()), "")
+    return len([c for c in head.split("\t") if re.fullmatch(r"GPU\d+", c.strip())])
+
+
 def parse_gpu_matrix(text):
     """The GPU-to-GPU cells of `nvidia-smi topo -m` or `topo -p2p r`: {(i, j): cell} for i < j (the ANSI underline of
     the header and the legend left out)."""
@@ -650,7 +656,7 @@ def gpu_qualify_topology(collected, host):
         )
     return {
         "host": host,
-        "gpus": len({g for p in pairs for g in p["gpus"]}),
+        "gpus": max(matrix_gpus(collected.get("topo_m") or ""), matrix_gpus(collected.get("topo_p2p_r") or "")),
         "pairs": pairs,
         "nccl_environment": environment,
         "findings": findings,
