@@ -512,11 +512,14 @@ def gpu_qualify_verdicts(collected, history, settings):
     xids = parse_xids(collected.get("kernel_log", ""))
     known = (history or {}).get("cards") or {}
     verdicts = []
-    for card in cards:
+    for position, card in enumerate(cards):
         key = bus_key(card["bus_id"])
         mine = [s for s in samples if bus_key(s.get("pci.bus_id", "")) == key]
         previous = (known.get(card_id(card)) or {}).get("last")
-        verdicts.append(card_verdict(card, mine, xids.get(key, {}), previous, settings))
+        verdict = card_verdict(card, mine, xids.get(key, {}), previous, settings)
+        # nvidia-smi's index as its samples give it; -q lists the cards in that same (PCI bus) order.
+        index = next((s["index"] for s in mine if s.get("index") is not None), position)
+        verdicts.append({**verdict, "index": int(index)})
     return verdicts
 
 
@@ -531,9 +534,14 @@ def gpu_qualify_message(verdicts):
     return "\n".join(lines)
 
 
-def gpu_qualify_history(history, verdicts, checked_at, keep=20):
-    """The controller's history with these verdicts folded in: per card, the last verdict and a short trail."""
+def gpu_qualify_history(history, verdicts, checked_at, keep=20, topologies=()):
+    """The controller's history with these verdicts folded in: per card, the last verdict and a short trail; per
+    host, its last topology (gpu_qualify_topology), whose nccl_environment the launch script takes."""
     cards = dict((history or {}).get("cards") or {})
+    hosts = dict((history or {}).get("hosts") or {})
+    for topology in topologies or ():
+        if topology:
+            hosts[topology["host"]] = {"checked_at": checked_at, **topology}
     for verdict in verdicts:
         record = dict(verdict, checked_at=checked_at)
         old = cards.get(verdict["id"]) or {}
@@ -547,7 +555,131 @@ def gpu_qualify_history(history, verdicts, checked_at, keep=20):
         }
         trail = [*(old.get("trail") or []), entry]
         cards[verdict["id"]] = {"last": record, "trail": trail[-keep:]}
-    return {"schema": 1, "cards": cards}
+    return {"schema": 1, "cards": cards, "hosts": hosts}
+
+
+# --- the topology of a multi-GPU host ----------------------------------------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+P2P_MEANING = {
+    "OK": "OK",
+    "CNS": "chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "topology not supported",
+    "NS": "not supported",
+    "DR": "disabled by regkey",
+    "U": "unknown",
+}
+
+
+def matrix_gpus(text):
+    """How many GPUs a topo matrix's header names (1 on a one-GPU host, whose matrix has no pair)."""
+    head = next((ANSI.sub("", line) for line in text.splitlines() if line.strip()), "")
+    return len([c for c in head.split("\t") if re.fullmatch(r"GPU\d+", c.strip())])
+
+
+def parse_gpu_matrix(text):
+    """The GPU-to-GPU cells of `nvidia-smi topo -m` or `topo -p2p r`: {(i, j): cell} for i < j (the ANSI underline of
+    the header and the legend left out)."""
+    lines = [ANSI.sub("", line) for line in text.split("\nLegend:")[0].splitlines() if line.strip()]
+    if not lines:
+        return {}
+    columns = [c.strip() for c in lines[0].split("\t") if c.strip()]
+    gpus = [c for c in columns if re.fullmatch(r"GPU\d+", c)]
+    cells = {}
+    for line in lines[1:]:
+        parts = [c.strip() for c in line.strip().split("\t")]
+        if not parts or not re.fullmatch(r"GPU\d+", parts[0]):
+            continue
+        row = int(parts[0][3:])
+        for name, value in zip(gpus, parts[1 : 1 + len(gpus)], strict=False):
+            col = int(name[3:])
+            if row < col:
+                cells[(row, col)] = value
+    return cells
+
+
+def gpu_qualify_topology(collected, host):
+    """What a host's topology needs (root's `nvidia-smi topo -m`, `topo -p2p r` and /proc/cmdline): each pair of GPUs,
+    its link and whether P2P reads work; where a pair's P2P does not, NCCL_P2P_DISABLE=1 for the launch environment
+    (NCCL would otherwise try P2P between them and hang or corrupt) and a hint at the IOMMU or ACS. A host of one GPU
+    has nothing to say."""
+    links = parse_gpu_matrix(collected.get("topo_m") or "")
+    p2p = parse_gpu_matrix(collected.get("topo_p2p_r") or "")
+    cmdline = collected.get("cmdline") or ""
+    pairs = [
+        {"gpus": list(pair), "link": links.get(pair), "p2p_read": p2p.get(pair)}
+        for pair in sorted(set(links) | set(p2p))
+    ]
+    findings = []
+    if collected.get("topo_rc", 0) != 0 and len(pairs) == 0:
+        findings.append(
+            {
+                "level": "warn",
+                "reason": f"nvidia-smi topo answered {collected.get('topo_rc')}: the P2P status between the cards is "
+                "unknown, so NCCL is left to find out",
+                "do": "run `nvidia-smi topo -p2p r` on the host; where it is not OK, set launch_script_environment: "
+                "{NCCL_P2P_DISABLE: '1'}",
+            }
+        )
+    broken = [p for p in pairs if p["p2p_read"] not in (None, "OK")]
+    environment = {"NCCL_P2P_DISABLE": "1"} if broken else {}
+    if broken:
+        words = cmdline.split()
+        iommu = [w for w in words if re.match(r"^(intel_iommu|amd_iommu)=on$", w)]
+        passthrough = "iommu=pt" in words
+        if iommu and not passthrough:
+            hint = (
+                f"the IOMMU is on ({' '.join(iommu)} in the kernel command line) without iommu=pt: add iommu=pt "
+                "(or turn the IOMMU off) and turn ACS off on the PCIe bridges between the cards in the BIOS, reboot"
+            )
+        else:
+            hint = (
+                "check ACS on the PCIe bridges between the cards (`lspci -vvv | grep ACSCtl`: SrcValid+ redirects "
+                "peer traffic) and the IOMMU in the BIOS; turn them off for these slots or move the cards under one "
+                "PCIe switch, reboot"
+            )
+        shown = ", ".join(
+            f"GPU{a}-GPU{b} {p['p2p_read']} ({P2P_MEANING.get(p['p2p_read'], 'unknown')}"
+            + (f", link {p['link']}" if p["link"] else "")
+            + ")"
+            for p in broken
+            for a, b in [p["gpus"]]
+        )
+        findings.append(
+            {
+                "level": "warn",
+                "reason": f"P2P reads do not work between {shown}: the launch environment gets NCCL_P2P_DISABLE=1 "
+                "(NCCL copies through host memory instead, slower but safe)",
+                "do": hint + "; then re-run qualify, which drops the setting once P2P works",
+            }
+        )
+    return {
+        "host": host,
+        "gpus": max(matrix_gpus(collected.get("topo_m") or ""), matrix_gpus(collected.get("topo_p2p_r") or "")),
+        "pairs": pairs,
+        "nccl_environment": environment,
+        "findings": findings,
+    }
+
+
+def gpu_qualify_refusals(history, host, accept=(), history_file="the controller's history"):
+    """Why a host may not train (the cluster plan, the smoke): each of its cards whose last qualification failed,
+    unless the inventory accepts that card by serial (gpu_qualify_accept). A host never qualified is not refused."""
+    accepted = {str(serial).strip() for serial in accept or ()}
+    refusals = []
+    for card, record in sorted(((history or {}).get("cards") or {}).items()):
+        last = (record or {}).get("last") or {}
+        if last.get("host") != host or last.get("verdict") != "fail" or card in accepted:
+            continue
+        reasons = "; ".join(f["reason"] for f in last.get("findings") or [] if f.get("level") == "fail")
+        refusals.append(
+            f"{host}: GPU {last.get('bus_id')} ({last.get('name')}, serial {card}) failed its last qualification "
+            f"({last.get('checked_at', 'earlier')}, {history_file}): {reasons or 'see the history'}; do: fix what it "
+            f"names and run `p40fleet qualify -l {host}` again, or, to train on the card anyway, add its serial to "
+            f'gpu_qualify_accept for {host} in the inventory (gpu_qualify_accept: ["{card}"])'
+        )
+    return refusals
 
 
 class FilterModule:
@@ -556,5 +688,7 @@ class FilterModule:
             "gpu_qualify_verdicts": gpu_qualify_verdicts,
             "gpu_qualify_history": gpu_qualify_history,
             "gpu_qualify_message": gpu_qualify_message,
+            "gpu_qualify_refusals": gpu_qualify_refusals,
+            "gpu_qualify_topology": gpu_qualify_topology,
             "gpu_qualify_sample_fields": sample_fields,
         }

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from p40fleet import fleet, html_report
+from p40fleet import card_table, fleet, html_report
 from p40fleet import report as report_mod
 from p40fleet.api import (
     EXIT_BAD_INPUT,
@@ -126,7 +126,7 @@ def _add_extra_vars(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return _run_reported(args, "run")
+    return _run_reported(args, "run", _with_qualify_history)
 
 
 QUALIFY_PLAYBOOK = ANSIBLE_DIR / "playbooks" / "qualify.yml"
@@ -138,11 +138,16 @@ def qualify_history_path(state_dir: Path | str | None, inventory: Path) -> Path:
     return StateDir(state_dir).inventory(inventory).dir / QUALIFY_HISTORY
 
 
-def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
+def _with_qualify_history(args: argparse.Namespace, inventory: Path) -> None:
+    """Every run reads the same history: qualify writes it, the smoke and the cluster plan refuse failed cards."""
     history = qualify_history_path(getattr(args, "state_dir", None), inventory)
     history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The history's place comes first, so an -e of the operator's own still wins.
     args.extra_vars = [json.dumps({"gpu_qualify_history_file": str(history)}), *(args.extra_vars or [])]
+
+
+def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
+    _with_qualify_history(args, inventory)
     args.playbook = QUALIFY_PLAYBOOK
 
 
@@ -235,6 +240,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     saved["hosts"] = {h: v for h, v in saved.get("hosts", {}).items() if h in names}
     records = fleet.host_records(saved, hosts=names)
     data = fleet.fleet_report(records, str(inventory))
+    data["cards"] = card_table.card_rows(card_table.read_history(qualify_history_path(state.root, inventory)), names)
     if args.json:
         report_mod.write_report(data, args.json)
     if args.html:

@@ -1,4 +1,4 @@
-"""The fleet report as one static HTML page: inline CSS, no script, nothing fetched.
+"""The fleet report as one static HTML page: inline CSS, nothing fetched (the card table's sort is the one script).
 
 A header with the fleet's totals, then one card per host (hosts that need attention first): its
 status in colour, GPU, driver and profile with the reasons for it, the stack's versions, the patch
@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from html import escape
 
+from p40fleet import card_table
 from p40fleet.fleet import STATUSES
 from p40fleet.run_time import run_time
 
@@ -272,6 +273,7 @@ def render_html(report: dict) -> str:
  · generated {_when(report.get("generated"))}</p>
 <div class="totals">{"".join(tiles)}</div>
 </header>
+{card_table.render_card_table(report.get("cards") or [])}
 <main>
 {cards}
 </main>

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def collected(case: dict) -> dict:
         "samples": case["samples"],
         "samples_fields": RULES.sample_fields(case["reasons_prefix"]),
         "kernel_log": case["kernel_log"],
+        **{key: case[key] for key in ("topo_m", "topo_p2p_r", "cmdline") if key in case},
     }
 
 
@@ -389,3 +391,186 @@ def test_the_role_fails_only_the_host_with_a_failed_card_and_keeps_every_verdict
     assert last["last"]["getting_worse"] is True
     assert any(reason.startswith("getting worse since the last qualification") for reason in last["last"]["reasons"])
     assert [entry["verdict"] for entry in last["trail"]] == ["fail", "fail"]
+
+
+# --- Before training: the smoke and the cluster plan refuse a failed card unless the inventory accepts it -------
+
+
+def failed_history() -> dict:
+    return RULES.gpu_qualify_history(
+        {}, [judge("p40-thermal", host="gpu1"), judge("p40-x8", host="gpu1")], "2026-12-04T09:00:00+00:00"
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "accept", "refused"),
+    [
+        ("gpu1", [], ["0324617040112"]),  # the thermal card failed; the x8 card only warned
+        ("gpu1", ["0324617040112"], []),  # the inventory accepts it by serial
+        ("gpu1", ["0324617041387"], ["0324617040112"]),  # accepting another card accepts nothing here
+        ("gpu2", [], []),  # a host never qualified is not refused
+    ],
+)
+def test_refusals(host, accept, refused):
+    messages = RULES.gpu_qualify_refusals(failed_history(), host, accept, "/state/gpu-qualify.json")
+    assert [re.search(r"serial (\S+)\)", m).group(1) for m in messages] == refused
+
+
+def test_a_refusal_names_the_card_its_verdict_and_what_to_do():
+    [message] = RULES.gpu_qualify_refusals(failed_history(), "gpu1", [], "/state/gpu-qualify.json")
+    assert message.startswith(
+        "gpu1: GPU 00000000:03:00.0 (Tesla P40, serial 0324617040112) failed its last qualification "
+        "(2026-12-04T09:00:00+00:00, /state/gpu-qualify.json): HW Thermal Slowdown reached under load at a peak of "
+        "92 °C (first at 92 °C);"
+    )
+    assert message.endswith(
+        "do: fix what it names and run `p40fleet qualify -l gpu1` again, or, to train on the card anyway, add its "
+        'serial to gpu_qualify_accept for gpu1 in the inventory (gpu_qualify_accept: ["0324617040112"])'
+    )
+
+
+def test_the_gate_through_ansible_refuses_only_the_host_with_an_unaccepted_failed_card(tmp_path):
+    history = tmp_path / "gpu-qualify.json"
+    history.write_text(
+        json.dumps(
+            RULES.gpu_qualify_history(
+                {},
+                [judge("p40-thermal", host="hot"), judge("p40-ecc-errors", host="kept")],
+                "2026-12-04T09:00:00+00:00",
+            )
+        )
+    )
+    hosts = {
+        host: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **extra}
+        for host, extra in {"hot": {}, "kept": {"gpu_qualify_accept": ["0324617040318"]}, "new": {}}.items()
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    playbook = tmp_path / "gate.yml"
+    gate = {"ansible.builtin.include_role": {"name": "gpu_qualify", "tasks_from": "gate"}}
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "Gate", "hosts": "p40-hosts", "gather_facts": False, "tasks": [{"name": "Gate", **gate}]}]
+        )
+    )
+    envvars = {"ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles")}
+    result = run_playbook(playbook, inventory, cmdline=["-e", f"gpu_qualify_history_file={history}"], envvars=envvars)
+    assert result.stats, result.stdout[-3000:]
+    failed = {failure.host: failure.message for failure in result.failures}
+    assert sorted(failed) == ["hot"]
+    assert "serial 0324617040112) failed its last qualification" in failed["hot"]
+    assert sorted(result.stats) == ["hot", "kept", "new"]  # the accepted card's host and the new one passed
+
+
+@pytest.mark.parametrize("playbook", ["playbooks/smoke.yml", "playbooks/cluster.yml"])
+def test_the_smoke_and_the_cluster_plan_pass_the_gate_first(playbook):
+    plays = yaml.safe_load((REPO_ROOT / playbook).read_text())
+    first_tasks = plays[0].get("tasks") or []
+    assert first_tasks and first_tasks[0]["ansible.builtin.include_role"] == {
+        "name": "gpu_qualify",
+        "tasks_from": "gate",
+    }
+
+
+# --- Per multi-GPU host: P2P between the cards and the NCCL setting the launch script takes ---------------------
+
+
+def test_p2p_that_works_needs_no_nccl_setting():
+    topology = RULES.gpu_qualify_topology(standin("topo-2x-p2p-ok"), "gpu1")
+    assert topology == {
+        "host": "gpu1",
+        "gpus": 2,
+        "pairs": [{"gpus": [0, 1], "link": "PIX", "p2p_read": "OK"}],
+        "nccl_environment": {},
+        "findings": [],
+    }
+
+
+def test_blocked_p2p_disables_it_for_nccl_with_the_iommu_hint():
+    topology = RULES.gpu_qualify_topology(standin("topo-2x-p2p-blocked"), "gpu1")
+    assert topology["pairs"] == [{"gpus": [0, 1], "link": "PHB", "p2p_read": "CNS"}]
+    assert topology["nccl_environment"] == {"NCCL_P2P_DISABLE": "1"}
+    [finding] = topology["findings"]
+    assert finding["level"] == "warn"
+    assert finding["reason"].startswith(
+        "P2P reads do not work between GPU0-GPU1 CNS (chipset not supported, link PHB): the launch environment gets "
+        "NCCL_P2P_DISABLE=1"
+    )
+    assert finding["do"].startswith("the IOMMU is on (intel_iommu=on in the kernel command line) without iommu=pt")
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "hint"),
+    [
+        ("ro quiet intel_iommu=on iommu=pt", "check ACS on the PCIe bridges"),  # passthrough: ACS is the suspect
+        ("ro quiet", "check ACS on the PCIe bridges"),
+        ("ro amd_iommu=on", "the IOMMU is on (amd_iommu=on"),
+    ],
+)
+def test_the_hint_follows_the_kernel_command_line(cmdline, hint):
+    case = dict(standin("topo-2x-p2p-blocked"), cmdline=cmdline)
+    assert RULES.gpu_qualify_topology(case, "gpu1")["findings"][0]["do"].startswith(hint)
+
+
+def test_a_single_gpu_host_and_an_unreadable_topology():
+    single = "\tGPU0\n GPU0\tX\n\nLegend:\n\n  X    = Self\n"
+    alone = RULES.gpu_qualify_topology({"topo_m": single, "topo_p2p_r": single}, "gpu1")
+    assert (alone["gpus"], alone["pairs"], alone["findings"]) == (1, [], [])
+    unread = RULES.gpu_qualify_topology({"topo_m": "", "topo_p2p_r": "", "topo_rc": 2}, "gpu1")
+    assert unread["nccl_environment"] == {} and unread["findings"][0]["reason"].startswith("nvidia-smi topo answered 2")
+
+
+def test_history_keeps_each_hosts_topology_and_site_yml_hands_its_nccl_setting_to_the_launch_script(tmp_path):
+    blocked = RULES.gpu_qualify_topology(standin("topo-2x-p2p-blocked"), "twin")
+    fine = RULES.gpu_qualify_topology(standin("topo-2x-p2p-ok"), "pair")
+    history = RULES.gpu_qualify_history({}, [judge("p40-healthy")], "2026-12-05", topologies=[blocked, fine])
+    assert history["hosts"]["twin"]["nccl_environment"] == {"NCCL_P2P_DISABLE": "1"}
+    path = tmp_path / "gpu-qualify.json"
+    path.write_text(json.dumps(history))
+    # site.yml's own expression, templated for three hosts: blocked, fine, never qualified.
+    [site] = [play for play in yaml.safe_load((REPO_ROOT / "site.yml").read_text()) if "roles" in play]
+    expression = site["vars"]["launch_script_nccl_environment"]
+    hosts = {
+        h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        for h in ("twin", "pair", "new")
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    playbook = tmp_path / "nccl.yml"
+    show = {
+        "ansible.builtin.copy": {
+            "content": "{{ launch_script_nccl_environment | to_json }}",
+            "dest": f"{tmp_path}/{{{{ inventory_hostname }}}}.json",
+        }
+    }
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Template site.yml's NCCL setting",
+                    "hosts": "p40-hosts",
+                    "gather_facts": False,
+                    "vars": {"launch_script_nccl_environment": expression},
+                    "tasks": [{"name": "Write it", **show}],
+                }
+            ]
+        )
+    )
+    result = run_playbook(playbook, inventory, cmdline=["-e", f"gpu_qualify_history_file={path}"])
+    assert not result.failures, result.stdout[-3000:]
+    assert {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in hosts} == {
+        "twin": {"NCCL_P2P_DISABLE": "1"},
+        "pair": {},
+        "new": {},
+    }
+
+
+def test_the_role_keeps_each_hosts_topology_with_its_cards(tmp_path):
+    history = tmp_path / "gpu-qualify.json"
+    twin = {**standin("p40-healthy"), **standin("topo-2x-p2p-blocked")}
+    failed = run_judge(tmp_path, {"twin": twin, "solo": standin("p40-x8")}, history)
+    assert failed == {}
+    hosts = json.loads(history.read_text())["hosts"]
+    assert hosts["twin"]["nccl_environment"] == {"NCCL_P2P_DISABLE": "1"}
+    assert hosts["twin"]["findings"][0]["reason"].startswith("P2P reads do not work between GPU0-GPU1 CNS")
+    assert hosts["solo"]["nccl_environment"] == {} and hosts["solo"]["findings"] == []
