@@ -24,7 +24,7 @@ from .conftest import TEST_OUTPUT
 
 pytestmark = pytest.mark.unit
 
-RULES = load_module(REPO_ROOT / "roles" / "gpu_qualify" / "filter_plugins" / "gpu_qualify.py", "gpu_qualify_rules")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_qualify.py", "gpu_qualify_rules")
 STANDINS = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "gpu_qualify"
 CARDS = ["p40-healthy", "p40-thermal", "p40-power-cap", "p40-ecc-errors", "p40-retiring", "p40-x8", "p40-r470"]
 

@@ -22,7 +22,7 @@ from tests.source_modules import load_module
 pytestmark = pytest.mark.sandbox
 
 STANDINS = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "gpu_qualify"
-RULES = load_module(REPO_ROOT / "roles" / "gpu_qualify" / "filter_plugins" / "gpu_qualify.py", "gpu_qualify_rules")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_qualify.py", "gpu_qualify_rules")
 SMI = "/usr/local/lib/p40fleet-sandbox/nvidia-smi"
 SCENARIO = "/etc/p40fleet-sandbox/qualify.json"
 KERNEL_LOG = "/etc/p40fleet-sandbox/kernel.log"

@@ -14,7 +14,7 @@ from tests.source_modules import load_module
 pytestmark = pytest.mark.unit
 
 RECORDS = sorted((REPO_ROOT / "docs" / "gpu-runs" / "qualify").glob("qualify-*.json"))
-RULES = load_module(REPO_ROOT / "roles" / "gpu_qualify" / "filter_plugins" / "gpu_qualify.py", "gpu_qualify_rules")
+RULES = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_qualify.py", "gpu_qualify_rules")
 CHECK = load_module(REPO_ROOT / "python" / "tests" / "gpu" / "qualify_check.py", "gpu_qualify_check")
 
 

@@ -5,7 +5,7 @@ Run as root on the GPU machine, with a Python that has CUDA torch:
 It asks nvidia-smi which name its throttle reasons go by, starts nvidia-smi's sampler of the role's fields, runs
 the role's load (roles/gpu_qualify/files/load.py, as `python -I -c <source> SECONDS`, as the role does; here as the
 caller, where the role runs it as the env owner), reads `nvidia-smi -q` and the kernel log's Xid lines, and judges
-every card with the role's own filter (roles/gpu_qualify/filter_plugins/gpu_qualify.py, imported by path) and the
+every card with the role's own filter (plugins/filter/gpu_qualify.py, imported by path) and the
 role's defaults. It writes OUT/qualify-<gpu>-<date>.json: the texts the filter read, its verdicts, and a digest of
 what the cards did (temperatures, clocks, power, throttle reasons seen, PCIe, ECC). The record's test
 (python/tests/test_gpu_qualify_record.py) judges those texts again and holds the record to its verdicts.
@@ -38,7 +38,9 @@ XID = re.compile(r"NVRM: Xid")
 
 
 def load_rules():
-    spec = importlib.util.spec_from_file_location("gpu_qualify_rules", ROLE / "filter_plugins" / "gpu_qualify.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_qualify_rules", ROLE.parents[1] / "plugins" / "filter" / "gpu_qualify.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
