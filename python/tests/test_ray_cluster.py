@@ -158,6 +158,24 @@ def test_three_hosts_form_a_cluster(fleet):
     assert fleet.exec("node2", "nft list table inet p40fleet_ray").returncode == 0
 
 
+def test_a_checkpoint_directory_that_is_not_shared_is_refused(fleet):
+    """The sandbox's hosts share no filesystem: the nonce node1 writes is not there on the others."""
+    before = {h: main_pid(fleet, h) for h in ("node1", "node2", "node3")}
+    result = fleet.cluster(extra_vars={"ray_cluster_checkpoint_dir": "/srv/p40fleet-checkpoints"})
+    assert result.rc != 0
+    assert {f.host for f in result.failures} == {"node1", "node2", "node3"}
+    assert (
+        "cluster demo: ray_cluster_checkpoint_dir /srv/p40fleet-checkpoints is not one filesystem on every member: "
+        "node2, node3 do(es) not see the file node1 wrote there"
+    ) in result.host_failures("node1")[0].message
+    made = fleet.exec("node1", "stat -c '%U %a' /srv/p40fleet-checkpoints/.p40fleet-shared").stdout.split()
+    assert made == ["root", "755"]
+    assert fleet.exec("node1", "test -e /srv/p40fleet-checkpoints/demo").returncode == 1
+    assert {h: main_pid(fleet, h) for h in before} == before
+    for host in ("node1", "node2", "node3"):
+        fleet.exec(host, "rm -rf /srv/p40fleet-checkpoints")
+
+
 def test_status_lists_the_three_nodes(fleet, run_playbook):
     result = run_playbook("playbooks/cluster_status.yml", fleet.inventory_dir)
     assert result.rc == 0, result.failures

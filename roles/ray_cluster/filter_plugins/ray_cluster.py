@@ -498,10 +498,60 @@ def ray_cluster_env_collisions(environment, owned, job_keys=()):
     )
 
 
+# --- One checkpoint directory for the whole cluster (python/tests/test_ray_cluster_checkpoints.py) ---
+# verl 0.4.1 writes each rank's model and optimizer shards to its own node's trainer.default_local_dir and the step
+# marker (latest_checkpointed_iteration.txt) where the driver runs: a resume finds every shard only when all members
+# see one filesystem there.
+
+
+def ray_cluster_checkpoint_dir_found(found, path, host="this host"):
+    """Whether root may make the shared checkpoint directory its own: absent, or a directory root owns that no one
+    else can write. found: ansible.builtin.stat's `stat`. Returns the refusal, '' when fine."""
+    if not found.get("exists"):
+        return ""
+    if not found.get("isdir"):
+        return f"{host}: ray_cluster_checkpoint_dir {path} exists and is not a directory; name a directory"
+    if found.get("pw_name") != "root" or found.get("wgrp") or found.get("woth"):
+        return (
+            f"{host}: ray_cluster_checkpoint_dir {path} is owned by {found.get('pw_name')} with mode "
+            f"{found.get('mode')}; root makes it, root-owned and writable by root alone (each cluster's runs go in a "
+            f"directory of the owner's inside it): give it to root (chown root:root, chmod 0755) or name another"
+        )
+    return ""
+
+
+def ray_cluster_checkpoints_shared(plan, path, nonce, seen):
+    """Is `path` one filesystem on every member? The head wrote `nonce` into a root-made file there; seen: {host:
+    what each other member read back (None: no such file)}. Returns {shared, message}."""
+    cluster = plan["cluster"]
+    others = [m for m in plan["members"] if m != plan["head"]]
+    missing = [m for m in others if seen.get(m) is None]
+    differ = [m for m in others if seen.get(m) is not None and str(seen[m]).strip() != str(nonce).strip()]
+    if not missing and not differ:
+        return {
+            "shared": True,
+            "message": f"cluster {cluster}: {path} is one filesystem on {', '.join(plan['members'])}",
+        }
+    found = []
+    if missing:
+        found.append(f"{', '.join(missing)} do(es) not see the file {plan['head']} wrote there")
+    if differ:
+        found.append(f"{', '.join(differ)} read(s) another file there (a stale one, or another filesystem)")
+    return {
+        "shared": False,
+        "message": f"cluster {cluster}: ray_cluster_checkpoint_dir {path} is not one filesystem on every member: "
+        f"{'; '.join(found)}. verl writes each rank's checkpoint shards on its own node and resumes only where every "
+        f"rank finds them: mount one shared filesystem (NFS, CephFS) at {path} on every member, or unset "
+        f"ray_cluster_checkpoint_dir (the cluster then trains without resuming across nodes)",
+    }
+
+
 class FilterModule:
     def filters(self):
         return {
             "ray_cluster_batches": ray_cluster_batches,
+            "ray_cluster_checkpoint_dir_found": ray_cluster_checkpoint_dir_found,
+            "ray_cluster_checkpoints_shared": ray_cluster_checkpoints_shared,
             "ray_cluster_env_collisions": ray_cluster_env_collisions,
             "ray_cluster_firewall": ray_cluster_firewall,
             "ray_cluster_plan": ray_cluster_plan,
