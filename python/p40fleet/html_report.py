@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from html import escape
 
 from p40fleet.fleet import STATUSES
+from p40fleet.html_runs import render_runs
 
 ORDER = {status: index for index, status in enumerate(("failed", "unreachable", "drift", "unknown", "ok", "converged"))}
 LABELS = {
@@ -270,6 +271,7 @@ def render_html(report: dict) -> str:
 <main>
 {cards}
 </main>
+{render_runs(report.get("runs") or [])}
 </body>
 </html>
 """
