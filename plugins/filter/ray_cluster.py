@@ -349,9 +349,210 @@ def ray_cluster_firewall(members, ports, owner_uid):
     )
 
 
+# --- What verl 0.4.1 asserts about a world size (python/tests/test_ray_cluster_batches.py) ---
+# The checks a job would otherwise meet at worker init, each with the line of verl that makes it.
+VERL_SPLITS = {
+    "train": "verl/trainer/ppo/ray_trainer.py:377, verl/protocol.py:662",
+    "mini": "verl/workers/fsdp_workers.py:156-166",
+    "rollout": "verl/workers/rollout/hf_rollout.py:47-48",
+    "val": "verl/trainer/ppo/ray_trainer.py:649, verl/workers/rollout/hf_rollout.py:47-48",
+}
+BATCH_MODES = ("refuse", "derive")
+
+
+def _hf_chunks_split(share, rollout_micro):
+    """HFRollout.generate_sequences: max(share // micro, 1) chunks of one size (DataProto.chunk asserts it)."""
+    if not rollout_micro or share < 1:
+        return True
+    return share % max(share // rollout_micro, 1) == 0
+
+
+def ray_cluster_batch_faults(world, batches):
+    """What verl would refuse about `batches` at `world` ranks: [(check, reason)], empty when it runs.
+
+    batches: {train_batch_size, ppo_mini_batch_size, ppo_micro_batch_size_per_gpu, rollout_micro_batch_size
+    (0 when the rollout is not hf), val_batch_size, rollout_n (default 1)}."""
+    n = int(batches.get("rollout_n", 1) or 1)
+    train, mini = int(batches["train_batch_size"]), int(batches["ppo_mini_batch_size"])
+    micro, rollout_micro = (
+        int(batches["ppo_micro_batch_size_per_gpu"]),
+        int(batches.get("rollout_micro_batch_size") or 0),
+    )
+    val = int(batches.get("val_batch_size") or 0)
+    faults = []
+    if (train * n) % world:
+        faults.append(("train", f"train_batch_size {train} does not split across {world} ranks"))
+    normalized = mini * n // world
+    if normalized < 1 or normalized % micro:
+        faults.append(
+            (
+                "mini",
+                f"ppo_mini_batch_size {mini} // {world} ranks = {normalized}, "
+                f"not a multiple of ppo_micro_batch_size_per_gpu {micro}",
+            )
+        )
+    if not (train * n) % world and not _hf_chunks_split(train // world, rollout_micro):
+        faults.append(
+            ("rollout", f"each rank's {train // world} prompts do not cut into generate calls of {rollout_micro}")
+        )
+    if val and not _hf_chunks_split(-(-val // world), rollout_micro):
+        faults.append(
+            (
+                "val",
+                f"val_batch_size {val} gives each of {world} ranks {-(-val // world)} prompts, which do not cut "
+                f"into generate calls of {rollout_micro}",
+            )
+        )
+    return faults
+
+
+def _derived(world, batches):
+    """The smallest batch sizes at or above the configured ones that verl runs at `world` ranks: the mini batch a
+    multiple of world x micro, the train batch a multiple of the mini batch (each update a whole mini batch), the
+    validation batch one generate call per rank where the configured one does not split."""
+    n = int(batches.get("rollout_n", 1) or 1)
+    micro = int(batches["ppo_micro_batch_size_per_gpu"])
+    mini = int(batches["ppo_mini_batch_size"])
+    while (mini * n // world) < 1 or (mini * n // world) % micro or (mini * n) % world:
+        mini += 1
+    train = max(int(batches["train_batch_size"]), mini)
+    train = -(-train // mini) * mini
+    derived = {**batches, "ppo_mini_batch_size": mini, "train_batch_size": train}
+    # A share that is a whole number of generate calls always cuts evenly: found within that many steps.
+    for _ in range(int(batches.get("rollout_micro_batch_size") or 0) + 1):
+        if not any(check == "rollout" for check, _ in ray_cluster_batch_faults(world, derived)):
+            break
+        train += mini
+        derived["train_batch_size"] = train
+    if any(c == "val" for c, _ in ray_cluster_batch_faults(world, derived)):
+        derived["val_batch_size"] = int(batches.get("rollout_micro_batch_size") or 1) * world
+    return derived
+
+
+def ray_cluster_batches(plan, batches, mode="refuse"):
+    """The batch sizes a cluster's job trains with: the configured ones where verl runs them at the plan's world size
+    (nnodes x gpus_per_node); else a refusal naming the members, what verl would assert and the node counts that
+    work (mode refuse), or the smallest sizes that run (mode derive), said in `note`.
+    Returns {world, train_batch_size, ppo_mini_batch_size, val_batch_size, derived: bool, note, refusal}."""
+    if mode not in BATCH_MODES:
+        raise ValueError(f"ray_cluster_batch_sizes is {mode!r}; it is one of {', '.join(BATCH_MODES)}")
+    world = int(plan["nnodes"]) * int(plan["gpus_per_node"])
+    keys = ("train_batch_size", "ppo_mini_batch_size", "val_batch_size")
+    result = {k: int(batches.get(k) or 0) for k in keys}
+    result.update(world=world, derived=False, note="", refusal="")
+    if world < 1:
+        return result
+    faults = ray_cluster_batch_faults(world, batches)
+    if not faults:
+        return result
+    cluster, members = plan["cluster"], ", ".join(plan["members"])
+    shape = f"{plan['nnodes']} node(s) x {plan['gpus_per_node']} GPU(s) = {world} ranks"
+    why = "; ".join(f"{reason} (verl asserts it at {VERL_SPLITS[check]})" for check, reason in faults)
+    if mode == "derive":
+        derived = _derived(world, batches)
+        changed = [f"{k} {result[k]} -> {derived[k]}" for k in keys if int(derived.get(k) or 0) != result[k]]
+        result.update({k: int(derived.get(k) or 0) for k in keys}, derived=True)
+        result["note"] = (
+            f"cluster {cluster} ({members}): {shape}: {why}; derived (ray_cluster_batch_sizes: derive): "
+            f"{', '.join(changed)}"
+        )
+        return result
+    gpus = int(plan["gpus_per_node"])
+    # The validation batch at its default (one generate call per rank) for the other node counts.
+    unvalidated = {**batches, "val_batch_size": 0}
+    fits = [k for k in range(1, max(int(plan["nnodes"]), 8) + 1) if not ray_cluster_batch_faults(k * gpus, unvalidated)]
+    sizes = ", ".join(f"{k} ({k * gpus} ranks)" for k in fits) or "none up to 8"
+    result["refusal"] = (
+        f"cluster {cluster} ({members}): {shape}, which verl cannot split: {why}. Node counts of "
+        f"{gpus} GPU(s) that train with these batch sizes: {sizes}. Change the cluster's members, set "
+        f"launch_script_train_batch_size / launch_script_ppo_mini_batch_size for it, or set ray_cluster_batch_sizes: "
+        f"derive to train with the smallest sizes that split"
+    )
+    return result
+
+
+def ray_cluster_env_collisions(environment, owned, job_keys=()):
+    """launch_script_environment's names that verl's own ray.init (owned: {name: value}) or the cluster job's runtime
+    env (job_keys) also sets. Returns the message, '' when none."""
+    names = sorted(environment or {})
+    verl = [k for k in names if k in owned]
+    job = [k for k in names if k in job_keys]
+    problems = []
+    if verl:
+        problems.append(
+            "verl's own ray.init sets "
+            + ", ".join(f"{k}={owned[k]}" for k in verl)
+            + " in the job's runtime env (verl/trainer/main_ppo.py:42-44) and Ray refuses a job whose environment "
+            "sets such a name again"
+        )
+    if job:
+        problems.append(
+            f"the cluster's job sets {', '.join(job)} for every node (p40fleet-ray-submit's runtime env), which would "
+            "replace the value silently"
+        )
+    if not problems:
+        return ""
+    return (
+        f"launch_script_environment sets {', '.join(verl + job)}: {'; '.join(problems)}. Remove "
+        f"{'it' if len(verl + job) == 1 else 'them'} from launch_script_environment for the cluster's hosts"
+    )
+
+
+# --- One checkpoint directory for the whole cluster (python/tests/test_ray_cluster_checkpoints.py) ---
+# verl 0.4.1 writes each rank's model and optimizer shards to its own node's trainer.default_local_dir and the step
+# marker (latest_checkpointed_iteration.txt) where the driver runs: a resume finds every shard only when all members
+# see one filesystem there.
+
+
+def ray_cluster_checkpoint_dir_found(found, path, host="this host"):
+    """Whether root may make the shared checkpoint directory its own: absent, or a directory root owns that no one
+    else can write. found: ansible.builtin.stat's `stat`. Returns the refusal, '' when fine."""
+    if not found.get("exists"):
+        return ""
+    if not found.get("isdir"):
+        return f"{host}: ray_cluster_checkpoint_dir {path} exists and is not a directory; name a directory"
+    if found.get("pw_name") != "root" or found.get("wgrp") or found.get("woth"):
+        return (
+            f"{host}: ray_cluster_checkpoint_dir {path} is owned by {found.get('pw_name')} with mode "
+            f"{found.get('mode')}; root makes it, root-owned and writable by root alone (each cluster's runs go in a "
+            f"directory of the owner's inside it): give it to root (chown root:root, chmod 0755) or name another"
+        )
+    return ""
+
+
+def ray_cluster_checkpoints_shared(plan, path, nonce, seen):
+    """Is `path` one filesystem on every member? The head wrote `nonce` into a root-made file there; seen: {host:
+    what each other member read back (None: no such file)}. Returns {shared, message}."""
+    cluster = plan["cluster"]
+    others = [m for m in plan["members"] if m != plan["head"]]
+    missing = [m for m in others if seen.get(m) is None]
+    differ = [m for m in others if seen.get(m) is not None and str(seen[m]).strip() != str(nonce).strip()]
+    if not missing and not differ:
+        return {
+            "shared": True,
+            "message": f"cluster {cluster}: {path} is one filesystem on {', '.join(plan['members'])}",
+        }
+    found = []
+    if missing:
+        found.append(f"{', '.join(missing)} do(es) not see the file {plan['head']} wrote there")
+    if differ:
+        found.append(f"{', '.join(differ)} read(s) another file there (a stale one, or another filesystem)")
+    return {
+        "shared": False,
+        "message": f"cluster {cluster}: ray_cluster_checkpoint_dir {path} is not one filesystem on every member: "
+        f"{'; '.join(found)}. verl writes each rank's checkpoint shards on its own node and resumes only where every "
+        f"rank finds them: mount one shared filesystem (NFS, CephFS) at {path} on every member, or unset "
+        f"ray_cluster_checkpoint_dir (the cluster then trains without resuming across nodes)",
+    }
+
+
 class FilterModule:
     def filters(self):
         return {
+            "ray_cluster_batches": ray_cluster_batches,
+            "ray_cluster_checkpoint_dir_found": ray_cluster_checkpoint_dir_found,
+            "ray_cluster_checkpoints_shared": ray_cluster_checkpoints_shared,
+            "ray_cluster_env_collisions": ray_cluster_env_collisions,
             "ray_cluster_firewall": ray_cluster_firewall,
             "ray_cluster_plan": ray_cluster_plan,
             "ray_cluster_interface": ray_cluster_interface,

@@ -43,6 +43,7 @@ from p40fleet.progress import make_progress, one_line, printable
 from p40fleet.run import RunError, ansible_env
 from p40fleet.run_time import run_time
 from p40fleet.state import StateDir
+from p40fleet.train import saved_runs
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -241,6 +242,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     records = fleet.host_records(saved, hosts=names)
     data = fleet.fleet_report(records, str(inventory))
     data["cards"] = card_table.card_rows(card_table.read_history(qualify_history_path(state.root, inventory)), names)
+    # The training runs' last status, as `p40fleet train` saw it (python/p40fleet/train.py).
+    data["runs"] = saved_runs(state, inventory)
     if args.json:
         report_mod.write_report(data, args.json)
     if args.html:
@@ -272,6 +275,35 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return exit_code_for(run)
     complete = all(m["alive"] for c in clusters.values() for m in c["members"])
     return EXIT_OK if complete and not any(c.get("error") for c in clusters.values()) else EXIT_HOSTS_FAILED
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from p40fleet import train
+
+    inventory = Path(args.inventory)
+    if not inventory.exists():
+        console.out(f"p40fleet: inventory {inventory} not found")
+        return EXIT_ERROR
+    extra = {"train_run_name": args.name} if args.name else {}
+    if args.cluster:
+        extra["train_run_cluster"] = args.cluster
+    result = train.train(
+        inventory,
+        args.train_command,
+        limit=args.limit,
+        extra_vars=extra,
+        become_password_file=args.become_password_file,
+        state_dir=args.state_dir,
+    )
+    train.print_runs(Console(highlight=False), result.runs)
+    for failure in result.run.failures:
+        console.out(f"{failure.host}: {failure.task}: {one_line(failure.message)}", highlight=False)
+    if args.json:
+        train.write_json(result.runs, args.json)
+    if result.run.rc != 0:
+        return exit_code_for(result.run)
+    troubled = args.train_command == "status" and any(r.get("state") in train.TROUBLE for r in result.runs)
+    return EXIT_HOSTS_FAILED if troubled else EXIT_OK
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -407,6 +439,23 @@ def parser() -> argparse.ArgumentParser:
     cstatus.add_argument("--json", type=Path, help="write the status as JSON here (schema p40fleet.cluster-status/v1)")
     cstatus.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     cluster.set_defaults(func=cmd_cluster)
+
+    train = sub.add_parser("train", help="training runs on the fleet: start (or resume), stop, status")
+    tsub = train.add_subparsers(dest="train_command", required=True)
+    for action, text in (
+        ("start", "start each host's run (train_run_overrides per host) or a cluster's job; resumes a stopped one"),
+        ("stop", "stop the runs (their last checkpoint stays for `start`)"),
+        ("status", "each run's step, s/step, scores, checkpoint, expected end; a reboot under a run (read-only)"),
+    ):
+        taction = tsub.add_parser(action, help=text)
+        taction.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+        taction.add_argument("-l", "--limit")
+        taction.add_argument("--name", help="the run's name (train_run_name, default gsm8k)")
+        taction.add_argument("--cluster", help="one job on this Ray cluster (p40fleet_cluster) instead of a run a host")
+        taction.add_argument("--json", type=Path, help="write the runs as JSON here (schema p40fleet.train-runs/v1)")
+        taction.add_argument("--state-dir", type=Path, help="where the runs' last status is kept for the report")
+        taction.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
+    train.set_defaults(func=cmd_train)
 
     fetch = sub.add_parser("fetch", help="download every pinned artifact into the controller cache (verified)")
     fetch.add_argument("-i", "--inventory", default="inventory/hosts.yml")

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from p40fleet.paths import PLAYBOOKS_DIR
-from p40fleet.run import RunResult, run_playbook
+from p40fleet.run import RunResult, published, run_playbook
 
 STATUS_PLAYBOOK = PLAYBOOKS_DIR / "cluster_status.yml"
 STATUS_FACT = "ray_cluster_status"
@@ -23,12 +23,8 @@ SCHEMA = "p40fleet.cluster-status/v1"
 def statuses(events: Iterable[dict]) -> dict[str, dict]:
     """Each cluster's status as its head published it in a run, by cluster name."""
     found: dict[str, dict] = {}
-    for event in events:
-        data = event.get("event_data", {})
-        res = data.get("res")
-        facts = res.get("ansible_facts") if isinstance(res, dict) else None
-        status = facts.get(STATUS_FACT) if isinstance(facts, dict) else None
-        if event.get("event") == "runner_on_ok" and isinstance(status, dict) and status.get("cluster"):
+    for status in published(events, STATUS_FACT):
+        if status.get("cluster"):
             found[status["cluster"]] = status
     return found
 

@@ -13,6 +13,7 @@ from html import escape
 
 from p40fleet import card_table
 from p40fleet.fleet import STATUSES
+from p40fleet.html_runs import render_runs
 from p40fleet.run_time import run_time
 
 ORDER = {status: index for index, status in enumerate(("failed", "unreachable", "drift", "unknown", "ok", "converged"))}
@@ -277,6 +278,7 @@ def render_html(report: dict) -> str:
 <main>
 {cards}
 </main>
+{render_runs(report.get("runs") or [])}
 </body>
 </html>
 """

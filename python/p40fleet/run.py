@@ -18,7 +18,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -303,3 +303,13 @@ def run_playbook(
         started=started,
         finished=finished,
     )
+
+
+def published(events: Iterable[dict], fact: str) -> Iterator[dict]:
+    """Each mapping a host's task published as `fact` (a runner_on_ok's ansible_facts), in event order."""
+    for event in events:
+        res = event.get("event_data", {}).get("res")
+        facts = res.get("ansible_facts") if isinstance(res, dict) else None
+        value = facts.get(fact) if isinstance(facts, dict) else None
+        if event.get("event") == "runner_on_ok" and isinstance(value, dict):
+            yield value

@@ -9,7 +9,8 @@ run alone, the same variant built from a fresh host (p40fleet_dev.images). Disks
 cluster.yml takes as it finds them (it reads no stage record; a copy's first site.yml run would re-verify every
 stage, as on a host whose preflight state changed: test_converged_run.py's driver change); the copies log in as
 an ordinary user with password-less sudo, where the image's converge logged in as root. node1 to node3 form
-cluster `demo`, node4 joins later. The tests run in order and build on each other.
+cluster `demo` (refused at first: verl cannot split the batch sizes across three ranks; then with derived
+sizes), node4 joins later. The tests run in order and build on each other.
 """
 
 from __future__ import annotations
@@ -115,9 +116,34 @@ def wait_for(fleet, expected, timeout=180):
         time.sleep(2)
 
 
+def test_three_members_are_refused_with_the_node_counts_that_work(fleet):
+    """verl cannot split the launch script's 256 / mini 64 / micro 4 across three ranks: refused before any Ray node
+    starts; with ray_cluster_batch_sizes: derive the plan trains with sizes that split (every later test)."""
+    result = fleet.cluster()
+    assert result.rc != 0
+    messages = {f.host: f.message for f in result.failures}
+    assert set(messages) == {"node1", "node2", "node3"}
+    refusal = messages["node2"]
+    assert "cluster demo (node1, node2, node3): 3 node(s) x 1 GPU(s) = 3 ranks, which verl cannot split" in refusal
+    assert "ppo_mini_batch_size 64 // 3 ranks = 21, not a multiple of ppo_micro_batch_size_per_gpu 4" in refusal
+    assert "Node counts of 1 GPU(s) that train with these batch sizes: 1 (1 ranks), 2 (2 ranks), 4 (4 ranks)" in refusal
+    for host in ("node1", "node2", "node3"):
+        assert fleet.exec(host, "test -e /etc/systemd/system/p40fleet-ray.service").returncode == 1
+    # A launch environment that sets what verl's ray.init sets is refused before anything starts, too.
+    (fleet.inventory_dir / "group_vars" / "all.yml").write_text(SANDBOX_VARS + "ray_cluster_batch_sizes: derive\n")
+    collided = fleet.cluster(extra_vars={"launch_script_environment": {"NCCL_DEBUG": "INFO"}})
+    assert collided.rc != 0
+    assert "launch_script_environment sets NCCL_DEBUG: verl's own ray.init sets NCCL_DEBUG=WARN" in (
+        collided.host_failures("node1")[0].message
+    )
+    assert fleet.exec("node1", "test -e /etc/systemd/system/p40fleet-ray.service").returncode == 1
+
+
 def test_three_hosts_form_a_cluster(fleet):
     result = fleet.cluster()
     assert result.rc == 0, result.failures
+    shown = fleet.exec("node1", "cd && p40fleet-ray-submit --print", user=OWNER).stdout
+    assert " data.train_batch_size=288 " in shown and " actor_rollout_ref.actor.ppo_mini_batch_size=72 " in shown
     assert alive_nodes(fleet) == {"node1": 1.0, "node2": 1.0, "node3": 1.0}
     env = fleet.exec("node2", "cat /etc/p40fleet/ray/ray.env; stat -c '%U %a' /etc/p40fleet/ray/ray.env").stdout
     assert "P40FLEET_RAY_ROLE=worker" in env and "NCCL_SOCKET_IFNAME=eth0" in env and "GLOO_SOCKET_IFNAME=eth0" in env
@@ -130,6 +156,24 @@ def test_three_hosts_form_a_cluster(fleet):
     private = fleet.exec("node2", f"stat -c '%U %a' ~{OWNER}/.p40fleet-ray; test ! -e /tmp/ray").stdout
     assert private.split() == [OWNER, "700"]
     assert fleet.exec("node2", "nft list table inet p40fleet_ray").returncode == 0
+
+
+def test_a_checkpoint_directory_that_is_not_shared_is_refused(fleet):
+    """The sandbox's hosts share no filesystem: the nonce node1 writes is not there on the others."""
+    before = {h: main_pid(fleet, h) for h in ("node1", "node2", "node3")}
+    result = fleet.cluster(extra_vars={"ray_cluster_checkpoint_dir": "/srv/p40fleet-checkpoints"})
+    assert result.rc != 0
+    assert {f.host for f in result.failures} == {"node1", "node2", "node3"}
+    assert (
+        "cluster demo: ray_cluster_checkpoint_dir /srv/p40fleet-checkpoints is not one filesystem on every member: "
+        "node2, node3 do(es) not see the file node1 wrote there"
+    ) in result.host_failures("node1")[0].message
+    made = fleet.exec("node1", "stat -c '%U %a' /srv/p40fleet-checkpoints/.p40fleet-shared").stdout.split()
+    assert made == ["root", "755"]
+    assert fleet.exec("node1", "test -e /srv/p40fleet-checkpoints/demo").returncode == 1
+    assert {h: main_pid(fleet, h) for h in before} == before
+    for host in ("node1", "node2", "node3"):
+        fleet.exec(host, "rm -rf /srv/p40fleet-checkpoints")
 
 
 def test_status_lists_the_three_nodes(fleet, run_playbook):

@@ -1,7 +1,9 @@
 """The cluster's launch script (p40fleet-ray-submit, ray_cluster's launch.yml) rendered on this machine for the head
 of a planned three-node P40 cluster: its job is the launch script's own overrides rendered for three nodes (the
 same list train_gsm8k_ppo.sh --print shows with launch_script_nnodes 3), then the cluster's, and the whole of it
-composes against verl 0.4.1's Hydra config with the launch script's compose helper."""
+composes against verl 0.4.1's Hydra config with the launch script's compose helper. verl cannot split the launch
+script's batch sizes (256, mini 64, micro 4) across three ranks: the plan derives 288 and 72
+(ray_cluster_batch_sizes: derive), which the launch script then renders for three nodes; the default refuses."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ PLAN = {
 @pytest.fixture(scope="module")
 def submit(tmp_path_factory):
     work = tmp_path_factory.mktemp("ray-submit")
-    result = render_ray_submit(work, PLAN, pwd.getpwuid(os.getuid()).pw_name)
+    result = render_ray_submit(work, PLAN, pwd.getpwuid(os.getuid()).pw_name, ray_cluster_batch_sizes="derive")
     assert result.rc == 0, result.stdout[-3000:]
     return work / "p40fleet-ray-submit"
 
@@ -44,7 +46,8 @@ def submit(tmp_path_factory):
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     """The launch script's overrides for the same host with launch_script_nnodes 3, plain and --smoke."""
-    out, _ = render({"head": {"profile": P40, "launch_script_nnodes": 3}}, tmp_path_factory.mktemp("launch"))
+    derived = {"launch_script_train_batch_size": 288, "launch_script_ppo_mini_batch_size": 72}
+    out, _ = render({"head": {"profile": P40, "launch_script_nnodes": 3, **derived}}, tmp_path_factory.mktemp("launch"))
     return out["head"]
 
 
@@ -125,3 +128,27 @@ def test_the_whole_job_composes_against_verls_config(submit, tmp_path):
     assert composed["trainer"]["nnodes"] == 3 and composed["trainer"]["n_gpus_per_node"] == 1
     assert composed["trainer"]["ray_wait_register_center_timeout"] == 600
     assert composed["ray_init"]["num_cpus"] is None
+
+
+def test_three_ranks_are_refused_by_default_and_the_environment_collision_too(tmp_path):
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    refused = render_ray_submit(tmp_path, PLAN, owner)
+    assert refused.rc != 0
+    message = refused.failures[0].message
+    assert "cluster demo (head, w1, w2): 3 node(s) x 1 GPU(s) = 3 ranks, which verl cannot split" in message
+    assert "ppo_mini_batch_size 64 // 3 ranks = 21, not a multiple of ppo_micro_batch_size_per_gpu 4" in message
+    assert "Node counts of 1 GPU(s) that train with these batch sizes: 1 (1 ranks), 2 (2 ranks), 4 (4 ranks)" in message
+    assert not (tmp_path / "p40fleet-ray-submit").exists()
+    work = tmp_path / "collision"
+    work.mkdir()
+    collided = render_ray_submit(
+        work,
+        {**PLAN, "members": ["head", "w1"], "nnodes": 2},
+        owner,
+        launch_script_environment={"NCCL_DEBUG": "INFO", "WANDB_MODE": "offline"},
+    )
+    assert collided.rc != 0
+    message = collided.failures[0].message
+    assert "launch_script_environment sets NCCL_DEBUG: verl's own ray.init sets NCCL_DEBUG=WARN" in message
+    assert "Remove it from launch_script_environment" in message
+    assert not (work / "p40fleet-ray-submit").exists()

@@ -1,0 +1,160 @@
+"""`p40fleet train start|stop|status`: the fleet's training runs through playbooks/train.yml (roles/train_run), one
+run per host or one job on a Ray cluster. Each action ends with every run's status as the hosts published it
+(step, seconds per step, train and validation score, checkpoint, expected end, a reboot under the run); the last
+status of each run is kept in the inventory's state directory for `p40fleet report`.
+
+    import p40fleet.train
+    result = p40fleet.train.train("inventory/hosts.yml", "start", extra_vars={"train_run_name": "lr-sweep"})
+    for run in result.runs:
+        print(run["host"], run["state"], run["progress"]["step"])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from p40fleet.paths import PLAYBOOKS_DIR
+from p40fleet.progress import printable
+from p40fleet.run import RunResult, published, run_playbook
+from p40fleet.state import StateDir
+
+TRAIN_PLAYBOOK = PLAYBOOKS_DIR / "train.yml"
+STATUS_FACT = "train_run_status"
+SCHEMA = "p40fleet.train-runs/v1"
+RUNS_FILE = "train-runs.json"
+ACTIONS = ("start", "stop", "status")
+# A run in these states needs the operator: `status` exits non-zero.
+TROUBLE = ("failed", "rebooted")
+
+
+@dataclass
+class TrainResult:
+    run: RunResult
+    runs: list[dict]
+
+
+def statuses(events: Iterable[dict]) -> list[dict]:
+    """Each run's status as its host published it in a run (the last one per host and run name)."""
+    found: dict[tuple[str, str], dict] = {}
+    for status in published(events, STATUS_FACT):
+        if status.get("host"):
+            found[(status["host"], str(status.get("name", "")))] = status
+    return [found[key] for key in sorted(found)]
+
+
+def runs_path(state: StateDir, inventory: Path | str) -> Path:
+    return state.inventory(inventory).dir / RUNS_FILE
+
+
+def saved_runs(state: StateDir, inventory: Path | str) -> list[dict]:
+    """The last status of every run `p40fleet train` has seen for this inventory (for the report)."""
+    try:
+        data = json.loads(runs_path(state, inventory).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    return [r for r in data.get("runs", []) if isinstance(r, dict)]
+
+
+def save_runs(state: StateDir, inventory: Path | str, runs: list[dict], at: str) -> None:
+    """Keep the new statuses over the saved ones, by host and run name."""
+    kept = {(r.get("host"), r.get("name")): r for r in saved_runs(state, inventory)}
+    for run in runs:
+        kept[(run.get("host"), run.get("name"))] = {**run, "seen": at}
+    state.inventory(inventory).ensure()
+    path = runs_path(state, inventory)
+    tmp = path.with_name(f".{path.name}.tmp")
+    document = {"schema": SCHEMA, "runs": [kept[key] for key in sorted(kept, key=lambda k: (str(k[0]), str(k[1])))]}
+    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def train(
+    inventory: Path | str,
+    action: str = "status",
+    limit: str | None = None,
+    extra_vars: Mapping | None = None,
+    become_password_file: Path | str | None = None,
+    state_dir: StateDir | Path | str | None = None,
+) -> TrainResult:
+    if action not in ACTIONS:
+        raise ValueError(f"action {action!r}: one of {', '.join(ACTIONS)}")
+    inventory = Path(inventory).resolve()
+    state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
+    cmdline = ["--limit", limit] if limit else []
+    run = run_playbook(
+        TRAIN_PLAYBOOK,
+        inventory,
+        cmdline=cmdline,
+        extravars={**(extra_vars or {}), "train_run_action": action},
+        become_password_file=become_password_file,
+        state_dir=state,
+    )
+    runs = statuses(run.events)
+    save_runs(state, inventory, runs, datetime.now(UTC).isoformat(timespec="seconds"))
+    return TrainResult(run, runs)
+
+
+def _number(value, form="{:.3f}") -> str:
+    return form.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def _duration(seconds) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    minutes, _ = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
+def row(run: dict) -> list[str]:
+    """One run as the table shows it; every field came from a host, so it is made printable."""
+    progress = run.get("progress") or {}
+    step = progress.get("step")
+    total = progress.get("total_steps")
+    end = progress.get("expected_end")
+    cells = [
+        run.get("host", ""),
+        run.get("name", ""),
+        run.get("state", ""),
+        f"{_number(step, '{}')}/{_number(total, '{}')}",
+        _number(progress.get("seconds_per_step"), "{:.1f}"),
+        _number(progress.get("train_score")),
+        _number(progress.get("val_score")) + (f" @{progress['val_step']}" if progress.get("val_step") else ""),
+        _number(progress.get("checkpoint_step"), "{}"),
+        (
+            datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M") + f" ({_duration(progress.get('remaining_s'))})"
+            if isinstance(end, (int, float)) and run.get("state") == "running"
+            else "-"
+        ),
+    ]
+    return [printable(str(c)) for c in cells]
+
+
+COLUMNS = ("host", "run", "state", "step", "s/step", "train score", "val score", "checkpoint", "expected end")
+
+
+def print_runs(console: Console, runs: list[dict]) -> None:
+    if not runs:
+        console.print("No training run: `p40fleet train start` starts one per host.")
+        return
+    table = Table(title=f"{len(runs)} run(s)", title_justify="left")
+    for column in COLUMNS:
+        table.add_column(column)
+    for run in runs:
+        table.add_row(*(escape(c) for c in row(run)))
+    console.print(table)
+    for run in runs:
+        if run.get("why") and run.get("state") != "member":
+            console.print(f"  {escape(printable(run['host']))}: {escape(printable(run['why']))}", highlight=False)
+
+
+def write_json(runs: list[dict], path: Path) -> None:
+    path.write_text(json.dumps({"schema": SCHEMA, "runs": runs}, indent=2) + "\n", encoding="utf-8")
