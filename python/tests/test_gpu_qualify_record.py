@@ -19,11 +19,10 @@ CHECK = load_module(REPO_ROOT / "python" / "tests" / "gpu" / "qualify_check.py",
 
 
 def records():
-    if not RECORDS:
-        pytest.skip(
-            "no record yet in docs/gpu-runs/qualify/: run python/tests/gpu/qualify_check.py --out DIR on a CUDA "
-            "machine (as root, a Python with CUDA torch) and commit its JSON there"
-        )
+    assert RECORDS, (
+        "no record in docs/gpu-runs/qualify/: run python/tests/gpu/qualify_check.py --out DIR on a CUDA machine (as "
+        "root, a Python with CUDA torch) and commit its JSON there"
+    )
     return [json.loads(path.read_text()) for path in RECORDS]
 
 
