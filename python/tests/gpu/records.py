@@ -206,6 +206,8 @@ def sweep_record(results: dict) -> dict:
         "attention_parity": found.get("attention_parity"),
         "fastest_fitting": min(fitting, key=fitting.get) if fitting else None,
         "configs": configs,
+        # A call ended before these ran (a machine's 10-minute limit): named, so a reader sees what was not measured.
+        "not_run": [config for config in sweep.CONFIGS if config not in configs],
     }
 
 
