@@ -180,9 +180,10 @@ gpu-sweep: gpu-bundle
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_SWEEP_OUT) \
 	  --sweep p40-1x --site $(CURDIR)/.gpu/site
 
+# GPU_SWEEP_RECORD_ARGS=--add keeps the record's earlier runs (each run's figures are compared only within it).
 gpu-sweep-record: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_SWEEP_OUT)/results.json \
-	  --manifest $(CURDIR)/.gpu/manifest.json
+	  --manifest $(CURDIR)/.gpu/manifest.json $(GPU_SWEEP_RECORD_ARGS)
 
 gpu-records: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \

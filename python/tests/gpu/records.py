@@ -165,13 +165,13 @@ def learning_record(results: dict, manifest: dict) -> dict:
     }
 
 
-def sweep_record(results: dict) -> dict:
-    """docs/gpu-runs/sweep/<case>.json: each configuration's effective overrides, time, phases and peak memory."""
+def sweep_run(results: dict) -> dict:
+    """One sweep run (one machine, one call): each configuration's effective overrides, time, phases and peak memory.
+    Configurations are compared only within a run."""
     import sweep  # tests/gpu/sweep.py, beside this file
 
     found = results["sweep"]
-    name = found["case"]
-    margin = SWEEP_MARGIN_GIB[name]
+    margin = SWEEP_MARGIN_GIB[found["case"]]
     configs = {}
     for config, figures in found["configs"].items():
         peak = figures.get("torch_peak_reserved_gib")
@@ -185,29 +185,38 @@ def sweep_record(results: dict) -> dict:
         }
     fitting = {c: f["seconds_per_step"] for c, f in configs.items() if f["fits"]}
     return {
-        "proves": (
-            "How long one PPO step of the case's rendering takes on this GPU under the card's memory cap with TF32 "
-            "off, for each configuration, and which ones fit the cap with the margin. The ranking holds for this "
-            "GPU; a P40's own seconds are the estimate's business, not this record's."
-        ),
-        "case": name,
         "date": results["finished"],
         "gpu": results["machine"]["gpu"],
         "driver": results["machine"]["nvidia_smi"],
         "torch": results["machine"]["torch"],
         "cuda": results["machine"]["cuda"],
-        "memory_cap_gib": found["cap_gib"],
-        "margin_gib": margin,
-        "tf32": False,
         "model": results["model"],
-        "data": "GSM8K-style rows made by the GPU check (tests/gpu/run_check.py), prompts left-padded by verl",
-        "schedule": "one step at the rendered batch sizes, alone on the GPU, a fresh process per configuration",
         "base_overrides": found["base_overrides"],
         "attention_parity": found.get("attention_parity"),
         "fastest_fitting": min(fitting, key=fitting.get) if fitting else None,
         "configs": configs,
         # A call ended before these ran (a machine's 10-minute limit): named, so a reader sees what was not measured.
-        "not_run": [config for config in sweep.CONFIGS if config not in configs],
+        "not_run": [config for config in results.get("sweep_only") or sweep.CONFIGS if config not in configs],
+    }
+
+
+def sweep_record(results: dict, earlier: dict | None = None) -> dict:
+    """docs/gpu-runs/sweep/<case>.json: the runs of the sweep, the earlier ones kept (--add) and this one last."""
+    found = results["sweep"]
+    name = found["case"]
+    return {
+        "proves": (
+            "How long one PPO step of the case's rendering takes on the run's GPU under the card's memory cap with "
+            "TF32 off, for each configuration, and which ones fit the cap with the margin. A ranking holds within "
+            "its run (one machine, one call); a P40's own seconds are the estimate's business, not this record's."
+        ),
+        "case": name,
+        "memory_cap_gib": found["cap_gib"],
+        "margin_gib": SWEEP_MARGIN_GIB[name],
+        "tf32": False,
+        "data": "GSM8K-style rows made by the GPU check (tests/gpu/run_check.py), prompts left-padded by verl",
+        "schedule": "one step at the rendered batch sizes, alone on the GPU, a fresh process per configuration",
+        "runs": [*(earlier or {}).get("runs", []), sweep_run(results)],
     }
 
 
@@ -216,15 +225,18 @@ def main(argv=None) -> int:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--manifest", type=Path, required=True)
     parser.add_argument("--cases", default="")
+    parser.add_argument("--add", action="store_true", help="sweep: keep the record's earlier runs, add this one")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
     manifest = json.loads(args.manifest.read_text())
     if "sweep" in results:
         sys.path.insert(0, str(Path(__file__).parent))
-        found = sweep_record(results)
+        path = SWEEP / f"{results['sweep']['case']}.json"
+        earlier = json.loads(path.read_text()) if args.add and path.exists() else None
+        found = sweep_record(results, earlier)
         SWEEP.mkdir(parents=True, exist_ok=True)
-        (SWEEP / f"{found['case']}.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
-        print(f"sweep: {SWEEP / (found['case'] + '.json')}, fastest fitting: {found['fastest_fitting']}")
+        path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        print(f"sweep: {path}, fastest fitting in this run: {found['runs'][-1]['fastest_fitting']}")
         return 0
     names = [c for c in args.cases.split(",") if c] or [n for n in results["cases"]]
     with tempfile.TemporaryDirectory() as tmp:

@@ -450,6 +450,7 @@ def main(argv=None) -> int:
     home = ensure_owner()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
+        report["sweep_only"] = [c for c in args.sweep_only.split(",") if c]
         report["sweep"] = run_sweep(args, manifest, home, args.sweep)
         report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
