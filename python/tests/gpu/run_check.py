@@ -399,7 +399,7 @@ def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], ind
                 "log_tail": run["log_tail"][-40:],
             }
         out["ok"] = all(r["rc"] == 0 for r in out["runs"].values())
-        labels = {name: f"{r['profile']}, {r['dtype']}, cap {r['cap_gib']} GiB" for name, r in out["runs"].items()}
+        labels = {n: f"{n}: {r['profile']}, {r['dtype']}, cap {r['cap_gib']} GiB" for n, r in out["runs"].items()}
         title = f"PPO from a warm start at {out['warm_start']['greedy_accuracy']:.0%} greedy accuracy"
         runs_labelled = {name: {**r, "label": labels[name]} for name, r in out["runs"].items()}
         args.out.mkdir(parents=True, exist_ok=True)
@@ -424,7 +424,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     learn = [c for c in args.learn.split(",") if c]
     manifest = json.loads((args.bundle / "manifest.json").read_text())
+    # --cases none: no smoke case (the learning proof alone makes its own data and model).
     wanted = [c for c in args.cases.split(",") if c] or [n for n, c in manifest["cases"].items() if not c["refused"]]
+    wanted = [] if wanted == ["none"] else wanted
     if args.sweep:
         wanted, learn = [], []
     report = {
@@ -444,8 +446,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
     (ROOT / "site").mkdir(exist_ok=True)
     (ROOT / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    report["data"] = make_data(args.bundle)
-    report["model"] = make_model(make_rows(1024, 1))
+    if wanted or args.sweep:
+        report["data"] = make_data(args.bundle)
+        report["model"] = make_model(make_rows(1024, 1))
     sh("chmod", "-R", "a+rX", str(ROOT), args.site)
     home = ensure_owner()
     args.out.mkdir(parents=True, exist_ok=True)
