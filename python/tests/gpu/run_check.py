@@ -474,10 +474,8 @@ def main(argv=None) -> int:
             smoke = args.smoke_steps or case["smoke_steps"]
             full = args.full_steps if args.full_steps is not None else case["full_steps"]
             jobs[name] = pool.submit(run_case, name, case, script, index, smoke, full, args.site)
-        # Each result as it comes, so a call cut off at its time limit still brings back what finished.
         for name, job in jobs.items():
             report["cases"][name] = job.result()
-            (args.out / "results-partial.json").write_text(json.dumps(report, indent=1) + "\n")
         if learning_job:
             report["learning"] = learning_job.result()
     report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
