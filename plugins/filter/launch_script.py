@@ -106,7 +106,7 @@ def launch_script_settings(profile, inputs):
     Returns {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload,
     actor_param_offload, optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype,
     use_torch_compile, use_remove_padding, val_batch_size, save_freq, smoke_batch, tier_refusal, problems}: problems
-    lists inputs that are no setting (converge.yml stops with them)."""
+    lists inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them)."""
     profile = profile if isinstance(profile, dict) else {}
     tier = profile.get("launch") or {}
     problems = []

@@ -7,9 +7,27 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+from p40fleet_dev.paths import REPO_ROOT
+
+# The helpers the owner-run scripts share: their roles hand the env owner's Python this text before the script's.
+OWNER_SCRIPT_HELPERS = REPO_ROOT / "plugins" / "module_utils" / "owner_script.py"
+
 
 def load_module(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def owner_script_text(path: Path) -> str:
+    """An owner-run script as its role hands it to `python -I -c`: the shared helpers' text, then the script's."""
+    return OWNER_SCRIPT_HELPERS.read_text().rstrip() + "\n\n\n" + path.read_text().rstrip()
+
+
+def load_owner_script(path: Path, name: str) -> ModuleType:
+    """An owner-run script as a module, from the text its role runs."""
+    module = ModuleType(name)
+    module.__file__ = str(path)
+    exec(compile(owner_script_text(path), str(path), "exec"), module.__dict__)
     return module

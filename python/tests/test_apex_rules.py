@@ -114,7 +114,7 @@ def test_the_real_probes_report_is_read():
 
 
 def test_the_role_reads_the_probe_only_through_the_filter():
-    tasks = yaml.safe_load((ROLE / "tasks" / "converge.yml").read_text())
+    tasks = yaml.safe_load((ROLE / "tasks" / "probe.yml").read_text())
     text = json.dumps(tasks)
     assert "apex_probe_reading" in text and "apex_build_key" in text and "apex_build_jobs" in text
     assert "apex_probe.stdout | from_json" not in text

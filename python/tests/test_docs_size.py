@@ -84,7 +84,9 @@ def test_readme_is_a_manual_read_in_ten_minutes():
     )
 
 
-@pytest.mark.parametrize("page", sorted(p.name for p in (REPO_ROOT / "docs").glob("*.md")))
+@pytest.mark.parametrize(
+    "page", sorted(str(p.relative_to(REPO_ROOT / "docs")) for p in (REPO_ROOT / "docs").rglob("*.md"))
+)
 def test_each_docs_page_is_a_topic_page(page):
     count = words((REPO_ROOT / "docs" / page).read_text())
     assert count < PAGE_MAX_WORDS, f"docs/{page} has {count} words; split it into pages (limit {PAGE_MAX_WORDS})"

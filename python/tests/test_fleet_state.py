@@ -249,9 +249,10 @@ def test_role_inputs_leave_secrets_out_and_the_code_digest_follows_the_role(tmp_
 
 
 def test_every_stage_role_declares_its_markers_and_records_after_converging():
-    """Each stage of fleet_state_stages has markers, a main.yml that lists its steps, each an include (a stage its
-    gate skips costs one skipped task a step; the first, tagged verify, lets --tags verify reach the checks), and
-    records last. apex, training_data and launch_script still list one step, converge.yml, which holds the rest."""
+    """Each stage of fleet_state_stages has markers, a main.yml that lists its steps, each an include of a file of
+    the role (a stage its gate skips costs one skipped task a step; the first, tagged verify, lets --tags verify
+    reach the checks, and verify.yml's tasks carry the verify tag), and records last. No step file holds the rest
+    of the role's steps (converge.yml)."""
     import yaml
 
     stages = STAGES
@@ -262,16 +263,22 @@ def test_every_stage_role_declares_its_markers_and_records_after_converging():
         role_vars = [role / "vars" / "main.yml", *sorted((role / "vars" / "main").glob("*.yml"))]
         declared = {k for path in role_vars if path.exists() for k in yaml.safe_load(path.read_text())}
         assert f"{stage}_state_markers" in declared, stage
+        assert not (role / "tasks" / "converge.yml").exists(), stage
         main = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+        assert len(main) >= 2, stage
         includes = ("ansible.builtin.include_tasks", "ansible.builtin.include_role")
         assert all(any(key in step for key in includes) for step in main), stage
         assert "verify" in main[0]["tags"], stage
-        steps = main
-        if main[0]["ansible.builtin.include_tasks"] == "converge.yml":
-            assert len(main) == 1, stage
-            steps = yaml.safe_load((role / "tasks" / "converge.yml").read_text())
-        assert steps[-1]["ansible.builtin.include_role"] == {"name": "fleet_state", "tasks_from": "record"}, stage
-        assert steps[-1]["vars"]["fleet_state_record_stage"] == stage
+        files = [step["ansible.builtin.include_tasks"] for step in main if "ansible.builtin.include_tasks" in step]
+        files = [entry if isinstance(entry, str) else entry["file"] for entry in files]
+        assert all((role / "tasks" / name).is_file() for name in files), (stage, files)
+        for step in main:
+            entry = step.get("ansible.builtin.include_tasks")
+            if isinstance(entry, dict) and entry["file"] == "verify.yml":
+                assert entry["apply"]["tags"] == ["verify"] and "verify" in step["tags"], stage
+        assert ("verify.yml" in files) == (role / "tasks" / "verify.yml").is_file(), stage
+        assert main[-1]["ansible.builtin.include_role"] == {"name": "fleet_state", "tasks_from": "record"}, stage
+        assert main[-1]["vars"]["fleet_state_record_stage"] == stage
 
 
 def test_one_gate_per_stage():

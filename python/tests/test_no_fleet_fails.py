@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,21 @@ def test_the_default_inventory_is_the_operators_copy_and_its_absence_fails():
     assert config["inventory"]["host_pattern_mismatch"] == "error"
 
 
+def test_the_quick_starts_command_before_the_inventory_is_copied_fails(tmp_path):
+    """`ansible-playbook site.yml -l p40-hosts` as a new user runs it: no -i, and no inventory/hosts.yml beside the
+    checkout's ansible.cfg (a copy of the checkout without the operator's inventory)."""
+    shutil.copy(REPO_ROOT / "ansible.cfg", tmp_path / "ansible.cfg")
+    for name in ("site.yml", "roles", "plugins"):
+        (tmp_path / name).symlink_to(REPO_ROOT / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["ANSIBLE_CONFIG"] = str(tmp_path / "ansible.cfg")
+    argv = [PLAYBOOK, "site.yml", "-l", "p40-hosts", "--list-hosts"]
+    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "inventory/hosts.yml as an inventory source" in result.stderr
+    assert "No inventory was parsed, please check" in result.stderr
+
+
 @pytest.mark.parametrize("text", [None, "all: [\n", "p40-hosts:\n  hosts: [a\n"], ids=["missing", "yaml", "flow"])
 def test_no_inventory_fails(tmp_path, text):
     inventory = tmp_path / "hosts.yml"
@@ -39,7 +55,7 @@ def test_no_inventory_fails(tmp_path, text):
         inventory.write_text(text)
     result = site(inventory, "p40-hosts")
     assert result.returncode != 0
-    assert f"Unable to parse {inventory}" in result.stderr and "No inventory was parsed" in result.stderr
+    assert f"Unable to parse {inventory}" in result.stderr and "No inventory was parsed, please check" in result.stderr
 
 
 def test_a_limit_that_matches_no_host_fails():

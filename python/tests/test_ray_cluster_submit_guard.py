@@ -63,7 +63,7 @@ def head():
             ray_cluster_ray_bin=str(ray),
         )
         assert result.rc == 0, result.stdout[-3000:]
-        # The owner's 0600 .env as the launch_script role writes it (converge.yml), and the owner's work directory.
+        # The owner's 0600 .env as the launch_script role writes it (render.yml), and the owner's work directory.
         owner = pwd.getpwnam(OWNER)
         env_file = work / "train_gsm8k_ppo.env"
         env_file.write_text(f"# Managed by p40fleet\nexport WANDB_API_KEY='{SECRET}'\nexport WANDB_MODE='offline'\n")

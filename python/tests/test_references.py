@@ -1,9 +1,9 @@
 """Every repository path that code, comments, docs and README name exists in the repository (no containers).
 
 A reader who follows `docs/facts.md#...`, `roles/x/defaults/main.yml` or `[design](design.md)` must find it. A path
-is a word that starts with one of the repository's top folders (roles/, docs/, python/, playbooks/, molecule/,
-inventory/) or ends in `.md`; it must exist from the repository root, or (for a relative link or a bare file name)
-beside the file that names it.
+is a word that starts with one of the repository's top folders (roles/, docs/, python/, playbooks/, plugins/,
+molecule/, inventory/) or ends in `.md`; it must exist from the repository root, or (for a relative link or a bare
+file name) beside the file that names it.
 """
 
 from __future__ import annotations
@@ -28,17 +28,18 @@ NOT_SCANNED = (
 SCANNED_SUFFIXES = (".py", ".yml", ".yaml", ".j2", ".sh", ".md", ".cfg", ".toml", ".txt", ".in", ".json")
 SCANNED_NAMES = ("Makefile", "nvidia-smi", "nvcc", "ansible.cfg", "run")
 
-# Paths that exist only once something ran, each with the reason it is not in the repository.
+# Paths that exist only once something ran, or in another repository, each with the reason it is not in this one.
 CREATED_AT_RUN_TIME = {
     # Made by the operator from inventory/hosts.example.yml (quick start); ignored by git.
     "inventory/hosts.yml": "the operator's copy of inventory/hosts.example.yml",
     # The patch set verl_patches' refusal asks the operator to write for an unsupported verl release.
     "roles/verl_patches/vars/main/patchsets/verl-0.4.0.yml": "the operator writes it for verl 0.4.0",
-    # Not this repository's: a file of conda/conda-docs, named beside its repository.
+    # Not this repository's: files of conda/conda-docs and pyenv/pyenv, each named beside its repository.
     "docs/source/miniconda.rst": "conda/conda-docs' file, cited as the source of a pin",
+    "plugins/python-build/share/python-build/miniconda3-3.10-23.3.1-0": "pyenv/pyenv's file, the pin's second source",
 }
 
-TOP = r"(?:roles|docs|python|playbooks|molecule|inventory)/"
+TOP = r"(?:roles|docs|python|playbooks|plugins|molecule|inventory)/"
 PATH = re.compile(rf"(?<![\w./~$-])((?:{TOP})[\w./-]*[\w/]|[\w./-]*[\w-]\.md)(?:#[\w-]+)?")
 MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # A word with a placeholder or a pattern is a family of paths, not one.

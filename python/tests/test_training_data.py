@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR
-from tests.source_modules import load_module
+from tests.source_modules import load_module, load_owner_script, owner_script_text
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "training_data.yml"
 TOOL = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_tool.py"
@@ -33,7 +33,7 @@ DATA_ENV_PACKAGES = ["pyarrow", "huggingface_hub"]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
-tool = load_module(TOOL, "training_data_tool")
+tool = load_owner_script(TOOL, "training_data_tool")
 content = load_module(HUB_CONTENT, "hub_content")
 
 
@@ -300,7 +300,7 @@ def test_a_gated_model_without_the_token_fails_with_the_hubs_error(data_env, hub
     stored.write_text(hub["token"])
     env = {**os.environ, "HF_TOKEN_PATH": str(stored), "HF_HUB_DISABLE_TELEMETRY": "1"}
     done = subprocess.run(
-        [str(data_env), str(TOOL), "model", json.dumps(spec)],
+        [str(data_env), "-I", "-c", owner_script_text(TOOL), "model", json.dumps(spec)],
         input="",
         capture_output=True,
         text=True,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.source_modules import load_module
+from tests.source_modules import load_owner_script
 
 TOOL_PATH = REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_tool.py"
-tool = load_module(TOOL_PATH, "verl_patches_tool")
+tool = load_owner_script(TOOL_PATH, "verl_patches_tool")
 
 VERSION = "9.9.9"
 A = "verl/a.py"  # patched for the dtype group

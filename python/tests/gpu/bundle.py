@@ -35,6 +35,7 @@ from p40fleet.run import run_playbook
 from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, UPSTREAM_DIR
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
+from tests.source_modules import owner_script_text
 
 VERL_VERSION = "0.4.1"
 LOCK = REPO_ROOT / "roles" / "verl" / "files" / f"verl-{VERL_VERSION}-py311.lock.txt"
@@ -262,7 +263,8 @@ def build(out: Path, python_version: str) -> dict:
             cases[name] = entry
         shutil.copytree(SHIM, out / "shim" / "flash_attn")
         (out / "tools").mkdir()
-        shutil.copy2(DATA_TOOL, out / "tools" / DATA_TOOL.name)
+        # As the role runs it: the owner-run scripts' shared helpers first.
+        (out / "tools" / DATA_TOOL.name).write_text(owner_script_text(DATA_TOOL) + "\n")
         print(f"Wheels for Python {python_version} (versions of {LOCK.name})")
         listed = wheels(out / "wheels", python_version)
         manifest = {

@@ -11,7 +11,6 @@ A hub token is never an argument, a file or a variable: dataset and model read i
 a token stored in the owner's home is never used instead.
 """
 
-import hashlib
 import json
 import os
 import pathlib
@@ -19,6 +18,8 @@ import re
 import shutil
 import struct
 import sys
+
+# sha256() and read_json() are plugins/module_utils/owner_script.py's, whose text the role puts before this file's.
 
 SPLITS = ("train", "test")
 # Bump when the conversion's output changes, so converted sets are rebuilt once.
@@ -28,21 +29,6 @@ DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION_FOLLOWING = 'Let\'s think step by step and output the final answer after "####".'
 TOKENIZER_FILES = ("tokenizer_config.json",)
 TOKENIZER_ANY_OF = (("tokenizer.json",), ("vocab.json", "merges.txt"))
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def read_json(path):
-    try:
-        return json.loads(pathlib.Path(path).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 # --- GSM8K -------------------------------------------------------------------------------------

@@ -29,27 +29,11 @@ import os
 import re
 import sys
 
+# sha256() and read_json() are plugins/module_utils/owner_script.py's, whose text the role puts before this file's.
+
 PRISTINE_DIR = "pristine"
 MANIFEST = "pristine.json"
 RECORD = "applied.json"
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        return {"unreadable": True}
 
 
 def read_text(path):
@@ -104,7 +88,7 @@ def identity(spec, patch_set, version):
 
 def pristine_state(spec, version):
     """The pristine manifest and whether its copies can be trusted for this source and version."""
-    manifest = read_json(os.path.join(spec["state_dir"], MANIFEST))
+    manifest = read_json(os.path.join(spec["state_dir"], MANIFEST), {"unreadable": True})
     if not manifest or manifest.get("unreadable"):
         return manifest, False, []
     problems = []
@@ -169,7 +153,7 @@ def probe(spec):
         "converged": False,
         "action": "none",
     }
-    record = read_json(os.path.join(spec["state_dir"], RECORD))
+    record = read_json(os.path.join(spec["state_dir"], RECORD), {"unreadable": True})
     manifest, pristine_ok, problems = pristine_state(spec, version)
     result.update(record=record, manifest=manifest, pristine_ok=pristine_ok, pristine_problems=problems)
     result["changed_files"] = changed_since_last_run(spec, version, manifest, pristine_ok, record)
@@ -258,7 +242,7 @@ def probe(spec):
 def verify(spec):
     version = source_version(spec["source_dir"])
     patch_set = select(spec, version)
-    record = read_json(os.path.join(spec["state_dir"], RECORD))
+    record = read_json(os.path.join(spec["state_dir"], RECORD), {"unreadable": True})
     manifest, pristine_ok, problems = pristine_state(spec, version)
     failures = []
     files = {}

@@ -90,12 +90,9 @@ class IndexFirstAxisResidual(torch.autograd.Function):
 index_first_axis_residual = IndexFirstAxisResidual.apply
 
 
-def unpad_input(hidden_states, attention_mask, unused_mask=None):
-    """Return (hidden_states_unpadded, indices, cu_seqlens, max_seqlen_in_batch, seqused)."""
-    all_masks = (attention_mask + unused_mask) if unused_mask is not None else attention_mask
-    seqlens_in_batch = all_masks.sum(dim=-1, dtype=torch.int32)
-    used_seqlens_in_batch = attention_mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()
+def _unpadded(hidden_states, indices, seqlens_in_batch):
+    """The rows of hidden_states at indices, the cumulative sequence lengths and the longest sequence: what both
+    unpad functions return (upstream repeats these lines in each)."""
     max_seqlen_in_batch = seqlens_in_batch.max().item()
     cu_seqlens = F.pad(torch.cumsum(seqlens_in_batch, dim=0, dtype=torch.int32), (1, 0))
     return (
@@ -103,8 +100,16 @@ def unpad_input(hidden_states, attention_mask, unused_mask=None):
         indices,
         cu_seqlens,
         max_seqlen_in_batch,
-        used_seqlens_in_batch,
     )
+
+
+def unpad_input(hidden_states, attention_mask, unused_mask=None):
+    """Return (hidden_states_unpadded, indices, cu_seqlens, max_seqlen_in_batch, seqused)."""
+    all_masks = (attention_mask + unused_mask) if unused_mask is not None else attention_mask
+    seqlens_in_batch = all_masks.sum(dim=-1, dtype=torch.int32)
+    used_seqlens_in_batch = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(all_masks.flatten(), as_tuple=False).flatten()
+    return (*_unpadded(hidden_states, indices, seqlens_in_batch), used_seqlens_in_batch)
 
 
 def unpad_input_for_concatenated_sequences(hidden_states, attention_mask_in_length):
@@ -116,14 +121,7 @@ def unpad_input_for_concatenated_sequences(hidden_states, attention_mask_in_leng
     real_indices_idx = torch.nonzero(attention_mask_in_length.flatten(), as_tuple=False).flatten()
     seqlens_in_batch = attention_mask_in_length.flatten()[real_indices_idx]
     indices = torch.nonzero(attention_mask_2d.flatten(), as_tuple=False).flatten()
-    max_seqlen_in_batch = seqlens_in_batch.max().item()
-    cu_seqlens = F.pad(torch.cumsum(seqlens_in_batch, dim=0, dtype=torch.int32), (1, 0))
-    return (
-        index_first_axis(rearrange(hidden_states, "b s ... -> (b s) ..."), indices),
-        indices,
-        cu_seqlens,
-        max_seqlen_in_batch,
-    )
+    return _unpadded(hidden_states, indices, seqlens_in_batch)
 
 
 def pad_input(hidden_states, indices, batch, seqlen):
