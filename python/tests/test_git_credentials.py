@@ -9,7 +9,11 @@ request: the password must be in none, nor in the checkout's files, yet the serv
 from __future__ import annotations
 
 import base64
+import json
+import os
+import pwd
 import subprocess
+import tempfile
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +26,7 @@ from ansible.errors import AnsibleFilterError
 
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
-from tests.test_pip_credentials import rendered
+from tests.test_pip_credentials import rendered, walk_tasks
 
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "fleet_state.py", "fleet_state_filters")
 SCRIPT = REPO_ROOT / "roles" / "fleet_state" / "files" / "fleet_state_git_checkout.sh"
@@ -76,7 +80,7 @@ def test_a_url_whose_credentials_cannot_be_kept_apart_is_refused_without_showing
 def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin():
     found = []
     for role, tasks in (("apex", "build.yml"), ("verl", "install.yml")):
-        for task in yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / tasks).read_text()):
+        for task in walk_tasks(yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / tasks).read_text())):
             run = task.get("fleet_state_owner_run") or {}
             if "fleet_state_git_checkout.sh" in str(run.get("argv")):
                 assert run["argv"][4] == f"{{{{ {role}_git_remote.url }}}}", role
@@ -209,3 +213,40 @@ def test_wrong_credentials_fail_without_a_prompt_and_without_showing_them(served
     assert done.returncode != 0
     assert served.seen["authorized"] == 0
     assert "wrong-guess" not in done.stdout + done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another account needs root")
+def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials(served, monkeypatch, capsys):
+    """As the roles run it: fleet_state_owner_run starts the script as another account (`nobody` plays the owner)."""
+    run_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_owner_run.py", "fleet_state_owner_run")
+    remote = rules.fleet_state_git_remote(served.url, "node7")
+    with tempfile.TemporaryDirectory() as scratch:
+        os.chmod(scratch, 0o777)
+        arguments = {
+            "owner": "nobody",
+            "argv": [
+                "/bin/bash",
+                "-c",
+                SCRIPT.read_text(),
+                "checkout",
+                remote["url"],
+                f"{scratch}/apex",
+                served.commit,
+                "yes",
+            ],
+            "stdin": remote["stdin"],
+            "environment": {"GIT_CONFIG_NOSYSTEM": "1"},
+            "host": "node7",
+        }
+        monkeypatch.setattr(run_module, "ARGUMENTS", json.dumps(arguments))
+        with pytest.raises(SystemExit) as exited:
+            run_module.main()
+        printed = capsys.readouterr().out
+        result = json.loads(printed)
+        assert exited.value.code == 0, result
+        assert f"after={served.commit}" in result["stdout"]
+        assert served.seen["authorized"] > 0
+        assert SECRET not in printed
+        assert not [line for line in served.seen["command_lines"] if SECRET in line]
+        config = Path(scratch, "apex", ".git", "config")
+        assert config.stat().st_uid == pwd.getpwnam("nobody").pw_uid and SECRET not in config.read_text()
