@@ -5,8 +5,11 @@ The probe (files/apex_probe.py) runs in the env's Python as the env owner, whose
 (docs/privileges.md): `stdout | apex_probe_reading(rc, host)` keeps only fields of the expected shape and refuses
 any other, naming the host, the field and what was found. `reading | apex_build_key(...)` and
 `reading | apex_build_jobs(max_jobs, ram_per_job_gib)` derive the key and MAX_JOBS from it.
-`record_text | apex_cache_verdict(wheel_name, wheel_sha256, key, record_path)` judges the key's wheel in the
-controller cache against its build record: {"problem": "" or what is wrong, "record": the checked record}.
+`record_text | apex_cache_verdict(wheel_name, wheel_sha256, key, record_path, build_account)` judges the key's wheel
+in the controller cache against its build record: {"problem": "" or what is wrong, "record": the checked record}.
+`passwd_entry | apex_build_account_found(account, env_owner, comment, host)` says whether the throwaway build
+account is "absent" or "ours" (left by an interrupted build), refusing any other account of that name.
+`ls_stdout | apex_built_wheel_name(host, directory)` takes the one wheel name the build account listed.
 Unit-tested in python/tests/test_apex_rules.py.
 """
 
@@ -93,8 +96,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def apex_cache_verdict(record_text, wheel_name, wheel_sha256, key, record_path):
-    """Only the wheel whose sha256 its build recorded, for this key and this file name, is installed."""
+def apex_cache_verdict(record_text, wheel_name, wheel_sha256, key, record_path, build_account):
+    """Only the wheel whose sha256 root recorded from the build account's build, for this key and file, is installed."""
     try:
         record = json.loads(record_text) if record_text else {}
     except ValueError:
@@ -103,6 +106,18 @@ def apex_cache_verdict(record_text, wheel_name, wheel_sha256, key, record_path):
         return {"problem": f"has a build record that is no JSON object ({record_path})", "record": {}}
     if not record:
         return {"problem": f"has no build record ({record_path})", "record": {}}
+
+    def shown(field):
+        value = record.get(field, "?")
+        return CONTROL.sub("", value if isinstance(value, str) else json.dumps(value))[:100]
+
+    # An entry from before the build account (the env owner built it) or from anything else is no build of ours.
+    if record.get("build_account") != build_account:
+        problem = (
+            f"was not built by the throwaway build account {build_account}: its record ({record_path}) names "
+            f"{shown('build_account')} (built by {shown('builder')} on {shown('date')})"
+        )
+        return {"problem": problem, "record": {}}
     sha256 = record.get("sha256")
     if (
         isinstance(sha256, str)
@@ -112,16 +127,49 @@ def apex_cache_verdict(record_text, wheel_name, wheel_sha256, key, record_path):
         and wheel_sha256 == sha256
     ):
         return {"problem": "", "record": record}
-
-    def shown(field):
-        value = record.get(field, "?")
-        return CONTROL.sub("", value if isinstance(value, str) else json.dumps(value))[:100]
-
     problem = (
         f"has sha256 {wheel_sha256 or '?'}, but its build recorded {shown('wheel')} for key {shown('key')} with sha256 "
         f"{shown('sha256')} (built by {shown('builder')} on {shown('date')})"
     )
     return {"problem": problem, "record": {}}
+
+
+ACCOUNT = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
+# What pip wheel names a wheel (name-version[-build]-python-abi-platform.whl): one path component, nothing else.
+WHEEL_NAME = re.compile(r"apex-[A-Za-z0-9_.+]+(-[A-Za-z0-9_.+]+){3,4}\.whl")
+
+
+def apex_build_account_found(passwd_entry, account, env_owner, comment, host="this host"):
+    """absent, or ours (a leftover of an interrupted build: removed and made again); any other account is refused."""
+    if not isinstance(account, str) or not ACCOUNT.fullmatch(account) or account in ("root", env_owner):
+        raise AnsibleFilterError(
+            f"{host}: apex_build_account is {account!r}. Required: a plain account name of its own, neither root nor "
+            f"the env owner {env_owner}: root makes it for each build and removes it after."
+        )
+    if not passwd_entry:
+        return "absent"
+    fields = list(passwd_entry)
+    if len(fields) >= 6 and fields[3] == comment and fields[5] in NOLOGIN:
+        return "ours"
+    raise AnsibleFilterError(
+        f"{host}: an account {account} exists (comment {fields[3:4]}, shell {fields[5:6]}) that p40fleet did not make "
+        f"for an Apex build ({comment!r}, no login shell); p40fleet removes its build account after each build. "
+        "Set apex_build_account to a name no one uses."
+    )
+
+
+def apex_built_wheel_name(ls_stdout, host="this host", directory="the build directory"):
+    """The name of the one wheel the build left: listed by the build account, so data, and checked before root
+    names a file by it."""
+    names = [line for line in str(ls_stdout).splitlines() if line]
+    if len(names) == 1 and WHEEL_NAME.fullmatch(names[0]):
+        return names[0]
+    shown = CONTROL.sub("", ", ".join(names))[:200] or "none"
+    raise AnsibleFilterError(
+        f"{host}: the Apex build left {len(names)} file(s) in {directory} ({shown}); expected one wheel named "
+        "apex-VERSION-PYTHON-ABI-PLATFORM.whl. See the build log and re-run: the build starts afresh."
+    )
 
 
 class FilterModule:
@@ -131,4 +179,6 @@ class FilterModule:
             "apex_build_key": apex_build_key,
             "apex_build_jobs": apex_build_jobs,
             "apex_cache_verdict": apex_cache_verdict,
+            "apex_build_account_found": apex_build_account_found,
+            "apex_built_wheel_name": apex_built_wheel_name,
         }

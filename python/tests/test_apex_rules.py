@@ -130,6 +130,7 @@ RECORD = {
     "wheel": WHEEL,
     "sha256": WHEEL_SHA,
     "builder": "node1",
+    "build_account": "p40fleet-build",
     "commit": COMMIT,
     "date": "2026-12-05T13:00:00Z",
 }
@@ -137,7 +138,7 @@ RECORD = {
 
 def verdict(record, sha=WHEEL_SHA, wheel=WHEEL):
     text = record if isinstance(record, str) else json.dumps(record)
-    return rules.apex_cache_verdict(text, wheel, sha, CACHE_KEY, RECORD_PATH)
+    return rules.apex_cache_verdict(text, wheel, sha, CACHE_KEY, RECORD_PATH, "p40fleet-build")
 
 
 def test_the_wheel_its_build_recorded_is_accepted_with_its_record():
@@ -165,6 +166,24 @@ def test_a_wheel_its_record_does_not_vouch_for_is_refused(case, record, sha, whe
 
 
 @pytest.mark.parametrize(
+    ("case", "record", "named"),
+    [
+        # What the env owner's build recorded before the build account: its sum is whatever that owner produced.
+        ("entry_built_by_the_env_owner", {k: v for k, v in RECORD.items() if k != "build_account"}, "?"),
+        ("entry_naming_another_account", {**RECORD, "build_account": "p40fleet"}, "p40fleet"),
+        ("entry_naming_no_string", {**RECORD, "build_account": ["p40fleet-build"]}, '["p40fleet-build"]'),
+    ],
+)
+def test_a_cache_entry_the_build_account_did_not_build_is_refused(case, record, named):
+    judged = verdict(record)
+    assert judged == {
+        "problem": f"was not built by the throwaway build account p40fleet-build: its record ({RECORD_PATH}) names "
+        f"{named} (built by node1 on 2026-12-05T13:00:00Z)",
+        "record": {},
+    }
+
+
+@pytest.mark.parametrize(
     ("text", "problem"),
     [
         ("", f"has no build record ({RECORD_PATH})"),
@@ -187,3 +206,65 @@ def test_the_role_installs_only_through_the_verdict():
     text = (ROLE / "tasks" / "install.yml").read_text()
     assert "apex_cache_verdict(" in text and 'apex_wheel_record: "{{ apex_cache_judged.record }}"' in text
     assert "b64decode | from_json" not in text
+
+
+# --- The throwaway build account ---------------------------------------------------------------------------------
+COMMENT = "p40fleet throwaway Apex build account"
+OURS = ["x", "998", "998", COMMENT, "/var/lib/p40fleet/apex-build", "/usr/sbin/nologin"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "state"),
+    [(None, "absent"), (OURS, "ours"), ([*OURS[:5], "/bin/false"], "ours")],
+)
+def test_the_build_account_is_made_afresh_when_absent_or_left_by_an_interrupted_build(entry, state):
+    assert rules.apex_build_account_found(entry, "p40fleet-build", "p40fleet", COMMENT, "node7") == state
+
+
+@pytest.mark.parametrize(
+    ("account", "entry", "message"),
+    [
+        # Someone's account of that name: p40fleet would remove it after the build.
+        ("p40fleet-build", ["x", "1001", "1001", "Ann", "/home/ann", "/bin/bash"], "an account p40fleet-build exists"),
+        ("p40fleet-build", [*OURS[:5], "/bin/bash"], "an account p40fleet-build exists"),
+        ("p40fleet", None, "apex_build_account is 'p40fleet'. Required: a plain account name of its own"),
+        ("root", None, "apex_build_account is 'root'."),
+        ("../etc", None, "apex_build_account is '../etc'."),
+        ("", None, "apex_build_account is ''."),
+    ],
+)
+def test_an_account_root_did_not_make_for_the_build_is_refused(account, entry, message):
+    with pytest.raises(AnsibleFilterError) as raised:
+        rules.apex_build_account_found(entry, account, "p40fleet", COMMENT, "node7")
+    assert str(raised.value).startswith(f"node7: {message}")
+
+
+@pytest.mark.parametrize(
+    ("listed", "count"),
+    [
+        ("", 0),
+        (f"{WHEEL}\napex-0.1-cp310-cp310-linux_aarch64.whl\n", 2),
+        # A name the account chose to make root write elsewhere, or that is no wheel.
+        ("../../etc/cron.d/apex-0.1-cp310-cp310-linux_x86_64.whl\n", 1),
+        ("apex-0.1.tar.gz\n", 1),
+        ("apex-0.1-cp310-cp310-linux_x86_64.whl\x1b[2J\n", 1),
+    ],
+)
+def test_the_build_leaves_one_wheel_of_the_expected_name_or_is_refused(listed, count):
+    assert rules.apex_built_wheel_name(f"{WHEEL}\n", "node7", "/b/wheels") == WHEEL
+    with pytest.raises(AnsibleFilterError) as raised:
+        rules.apex_built_wheel_name(listed, "node7", "/b/wheels")
+    assert str(raised.value).startswith(f"node7: the Apex build left {count} file(s) in /b/wheels (")
+    assert "\x1b" not in str(raised.value)
+
+
+def test_the_env_owner_runs_nothing_of_the_build_and_the_account_is_always_removed():
+    tasks = yaml.safe_load((ROLE / "tasks" / "build.yml").read_text())
+    (build,) = [t for t in tasks if "block" in t]
+    steps = [*tasks, *build["block"], *build["always"]]
+    runs = [t["fleet_state_owner_run"] for t in steps if "fleet_state_owner_run" in t]
+    assert len(runs) >= 5 and {run["owner"] for run in runs} == {"{{ apex_build_account }}"}
+    assert [t.get("ansible.builtin.include_tasks") for t in build["always"]][-1] == "build_account_remove.yml"
+    # The account's directory is root's to make: fresh, 0700, in root's tree.
+    made = next(t["fleet_state_path"] for t in tasks if "fleet_state_path" in t)["batch"]
+    assert {"path": "{{ apex_build_dir }}", "owner": "{{ apex_build_account }}", "mode": "0700"} in made

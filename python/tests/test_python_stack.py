@@ -29,6 +29,7 @@ HOSTS = ("node1", "node2")
 ENV = "/opt/miniconda3/envs/verl-env"
 PY = f"{ENV}/bin/python"
 OWNER = "p40fleet"
+BUILD_ACCOUNT = "p40fleet-build"
 UP_TO_TORCH = "gpu_preflight,conda_env,pytorch"
 # The stand-in torch's BuildExtension logs each build here on the building host.
 EXTENSION_BUILDS = "/var/tmp/p40fleet-standin-extension-builds.log"
@@ -165,11 +166,20 @@ def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged
         assert {name: versions.get(name) for name in BUILD_TOOLS} == BUILD_TOOLS
 
 
-def test_the_controller_records_the_apex_build_as_it_finishes(converged, apex_cache):
+def test_the_controller_records_the_apex_build_as_it_finishes(converged, fleet, apex_cache):
     (wheel,) = apex_cache.rglob("apex-*.whl")
     record = json.loads((wheel.parent / "record.json").read_text())
     assert record["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert (record["wheel"], record["key"], record["builder"]) == (wheel.name, wheel.parent.name, "node1")
+    # Built by the throwaway account, not the env owner; the account and its directory are gone after the build.
+    assert record["build_account"] == BUILD_ACCOUNT
+    assert sh(fleet, "node1", f"getent passwd {BUILD_ACCOUNT}", user="root").returncode == 2
+    assert sh(fleet, "node1", "test -e /var/lib/p40fleet/apex-build", user="root").returncode == 1
+    built_by = sh(fleet, "node1", f"stat -c %u {EXTENSION_BUILDS}", user="root").stdout.strip()
+    assert built_by not in ("0", sh(fleet, "node1", f"id -u {OWNER}").stdout.strip())
+    log_path = f"/var/lib/p40fleet/apex-wheels/{wheel.parent.name}/build.log"
+    log = sh(fleet, "node1", f"stat -c '%U %a' {log_path}", user="root")
+    assert log.stdout.split() == ["root", "600"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"]), record["date"]
 
 
@@ -202,6 +212,17 @@ def test_a_tampered_or_unrecorded_apex_wheel_in_the_controller_cache_is_refused_
         for host in HOSTS:
             (failure,) = unrecorded.host_failures(host)
             assert f"in the controller cache has no build record ({record_path})" in failure.message
+        # A malicious builder's entry: the env owner built it (as before the build account) and its sum is right.
+        record_path.write_text(json.dumps({k: v for k, v in json.loads(record).items() if k != "build_account"}))
+        owners = play(tags="apex")
+        assert owners.rc != 0
+        for host in HOSTS:
+            (failure,) = owners.host_failures(host)
+            assert failure.message.startswith(
+                f"{host}: the Apex wheel {wheel} in the controller cache was not built by the throwaway build "
+                f"account {BUILD_ACCOUNT}: its record ({record_path}) names ?"
+            )
+            assert sh(fleet, host, f"{PY} -m pip show -f apex").stdout == installed[host]
     finally:
         wheel.write_bytes(genuine)
         record_path.write_text(record)

@@ -97,4 +97,7 @@ def test_the_apex_wheel_check_runs_with_the_system_python_not_the_owners():
     (task,) = [t for t in tasks(build) if t["name"] == "List the extension modules in the built wheel"]
     assert "apex_system_python" in task["ansible.builtin.command"]["argv"]
     assert "conda_env_python" not in task["ansible.builtin.command"]["argv"]
-    assert "become" not in task and "become_user" not in task
+    # As root, on root's own copies of the wheel and the log (in directories only root writes), never the owner's.
+    assert "become_user" not in task
+    assert "apex_built_stage_dir" in task["ansible.builtin.command"]["argv"]
+    assert "apex_build_log_path" in task["ansible.builtin.command"]["argv"]

@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.fault_case(1), pytest.mark.faults
 HOST, OWNER, PYTHON = CONVERGED_HOST, ENV_OWNER, ENV_PYTHON
 CUDA = CUDA_HOME
 APEX_WHEELS = "/opt/p40fleet/apex-wheels"
+# The throwaway build account's directory, where the build runs (roles/apex/tasks/build.yml).
+APEX_BUILD = "/var/lib/p40fleet/apex-build"
 VERL_MARKER = f"{ENV}/.p40fleet-verl-requirements.sha1"
 CONDA_MARKER = "/var/lib/p40fleet/conda_env-verl-env.creating"
 
@@ -84,11 +86,11 @@ STAGES = (
     ),
     Stage(
         "apex",
-        f"rm -f {ENV}/.p40fleet-apex.json && rm -rf {APEX_WHEELS} /opt/p40fleet/apex/build",
+        f"rm -f {ENV}/.p40fleet-apex.json && rm -rf {APEX_WHEELS} /var/lib/p40fleet/apex-wheels",
         f"{PYTHON} -m pip uninstall -y -q apex",
         r"pip wheel --no-build-isolation --no-deps",
-        "/opt/p40fleet/apex/build/*/*",
-        f"{APEX_WHEELS}/*/apex-*.whl",
+        f"{APEX_BUILD}/apex/build/*/*",
+        f"{APEX_BUILD}/wheels/apex-*.whl",
         0.002,
         f"test ! -e {ENV}/.p40fleet-apex.json",
         "Build the Apex wheel, asking for the extensions by command_line",

@@ -12,7 +12,7 @@ import zipfile
 
 
 def open_regular(path: str, mode: str = "rb", **kwargs):
-    """Both files are in the owner's directory: never through a link it planted, never blocking on a FIFO."""
+    """Root's copies of the build's wheel and log: still never through a link, never blocking on a FIFO."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
