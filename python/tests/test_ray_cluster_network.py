@@ -1,0 +1,105 @@
+"""ray_cluster's network measurement (entry point `network`, tasks/network.yml) run by Ansible on two members at once,
+on this machine: each "host" is a local connection with a root-owned ray.env of its own, as playbooks/cluster.yml
+writes it; the CPU venv (the hosts' torch) stands in for the env, so the all-reduce is the role's script over
+loopback with gloo, started by fleet_state_owner_run. Root plays the env owner: the CPU venv's interpreter lies
+where no other account can run it (the switch to the owner is test_fleet_state_owner_run.py's). No containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import pytest
+import yaml
+
+from p40fleet_dev import cpu_venv
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root: fleet_state_owner_run starts the owner's process"
+)
+
+PLAYBOOK = """
+- name: Measure the network between the cluster's members
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Measure
+      ansible.builtin.include_role:
+        name: ray_cluster
+        tasks_from: network
+    - name: Keep what each member published
+      ansible.builtin.copy:
+        content: "{{ ray_cluster_network | to_json }}"
+        dest: "{{ playbook_dir }}/{{ inventory_hostname }}.json"
+"""
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fleet(tmp_path, envs):
+    """Two members of cluster `pair`, each with its ray.env (envs: {host: overrides of its settings})."""
+    python = cpu_venv.python()
+    hosts = {}
+    for host, changed in envs.items():
+        config = tmp_path / host
+        config.mkdir()
+        settings = {
+            "P40FLEET_RAY_CLUSTER": "pair",
+            "P40FLEET_RAY_ROLE": "head" if host == "m0" else "worker",
+            "P40FLEET_RAY_HEAD_ADDRESS": "127.0.0.1:6379",
+            "P40FLEET_RAY_NUM_GPUS": "0",
+            "NCCL_SOCKET_IFNAME": "lo",
+            **changed,
+        }
+        (config / "ray.env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        hosts[host] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "ansible_become": False,
+            "p40fleet_cluster": "pair",
+            "ray_cluster_config_dir": str(config),
+            "ray_cluster_owner": "root",
+            # The CPU venv's python stands in for the env's: the role runs the python beside its ray.
+            "ray_cluster_ray_bin": str(python.parent / "ray"),
+        }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    playbook = tmp_path / "network.yml"
+    playbook.write_text(PLAYBOOK)
+    return playbook, inventory
+
+
+SMALL = {
+    "ray_cluster_network_bytes": 4 * 2**20,
+    "ray_cluster_network_iterations": 3,
+    "ray_cluster_network_timeout": 60,
+}
+
+
+def test_both_members_measure_at_once_and_publish_the_heads_result(tmp_path, run_playbook):
+    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {}})
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": free_port()})
+    assert not result.failures, result.stdout[-3000:]
+    published = {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in ("m0", "m1")}
+    assert published["m0"] == published["m1"]
+    measured = published["m0"]
+    assert (measured["cluster"], measured["members"], measured["world"]) == ("pair", ["m0", "m1"], 2)
+    assert (measured["backend"], measured["bytes"], measured["iterations"]) == ("gloo", 4 * 2**20, 3)
+    assert measured["busbw_gbps"] > 0 and measured["verdict"] in ("pass", "warn")
+    assert "cluster pair: all-reduce of 0.00 GB (gloo, 2 members)" in result.stdout
+
+
+def test_a_member_formed_into_another_cluster_stops_both_before_any_all_reduce(tmp_path, run_playbook):
+    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {"P40FLEET_RAY_CLUSTER": "other"}})
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": free_port()})
+    failed = {f.host: f.message for f in result.failures}
+    assert set(failed) == {"m0", "m1"}, result.stdout[-3000:]
+    for message in failed.values():
+        assert "names another cluster or none on m1 (other): run playbooks/cluster.yml first" in message
+    assert not (tmp_path / "m0.json").exists()
