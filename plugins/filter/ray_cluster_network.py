@@ -26,14 +26,16 @@ def _hosts(names):
     return ", ".join(names)
 
 
-def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", port=0):
+def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", port=0, unformed="fail"):
     """This host's part of the cluster's all-reduce. inventory: [{host, cluster}] in inventory order; found: {host:
     the settings its root-owned ray.env holds} for every host of the play that read it. The head (as
     playbooks/cluster.yml formed the cluster) is rank 0 and the meeting point, the other members follow in inventory
-    order. {measure, rank, world, members, head, address, port, iface, backend, error}."""
+    order. unformed: skip measures nothing (skipped says why) where no member holds this cluster's ray.env yet (qualify
+    before the first playbooks/cluster.yml), fail refuses it. {measure, rank, world, members, head, address, port,
+    iface, backend, skipped, error}."""
     members = [m["host"] for m in inventory if m.get("cluster") == cluster]
     plan = {"cluster": cluster, "measure": False, "members": members, "world": len(members), "port": int(port)}
-    plan.update({"rank": 0, "head": "", "address": "", "iface": "", "backend": "", "error": ""})
+    plan.update({"rank": 0, "head": "", "address": "", "iface": "", "backend": "", "skipped": "", "error": ""})
 
     def refuse(problem):
         return {**plan, "error": f"{host}: cluster {cluster}: {problem}. The all-reduce measured nothing"}
@@ -46,6 +48,12 @@ def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", po
             f"member(s) {_hosts(missing)} are not in this run (left out by --limit, unreachable or failed earlier): "
             f"the all-reduce needs every member at once; run without --limit or bring them back"
         )
+    if unformed == "skip" and not any(found[m].get("P40FLEET_RAY_CLUSTER") == cluster for m in members):
+        return {
+            **plan,
+            "skipped": f"cluster {cluster}: not formed yet (no member's {RAY_ENV} names it), so its network was not "
+            f"measured: run playbooks/cluster.yml, then qualify again",
+        }
     stale = [
         f"{m} ({found[m].get('P40FLEET_RAY_CLUSTER') or 'none'})"
         for m in members
@@ -126,12 +134,14 @@ def ray_cluster_network_result(outputs, plan, settings):
     2(n-1)/n (what each link carried). A step's gradients (settings.step_allreduces all-reduces of the actor's size)
     then take step_bytes / algbw; a cluster job is slower than independent runs on the same hosts where that is more
     than the compute a step saves on n hosts: step_seconds x (1 - 1/n). verdict: fail under settings.min_busbw (GB/s),
-    warn where slower, else pass; error where a member's output is no measurement."""
+    warn where slower, else pass; error where a member's output is no measurement; skip where the plan skipped."""
     n = plan["world"]
     size = int(settings["bytes"]) // 4 * 4
     iterations = int(settings["iterations"])
     result = {"cluster": plan["cluster"], "members": plan["members"], "world": n, "backend": plan["backend"]}
     result.update({"bytes": size, "iterations": iterations, "verdict": "error", "message": ""})
+    if plan.get("skipped"):
+        return {**result, "verdict": "skip", "message": plan["skipped"]}
     if not plan.get("measure"):
         return {**result, "verdict": "pass", "message": f"cluster {plan['cluster']}: one member, no network to measure"}
     ranks = [plan["head"]] + [m for m in plan["members"] if m != plan["head"]]

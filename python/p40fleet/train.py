@@ -34,7 +34,7 @@ ACTIONS = ("start", "stop", "status")
 # A run in these states needs the operator: `status` exits non-zero.
 TROUBLE = ("failed", "rebooted")
 # The network measurement's verdicts (plugins/filter/ray_cluster_network.py); anything else is shown as an error.
-NETWORK_VERDICTS = ("pass", "warn", "fail", "error")
+NETWORK_VERDICTS = ("pass", "warn", "fail", "error", "skip")
 
 
 @dataclass

@@ -75,6 +75,25 @@ def test_members_that_cannot_meet_are_refused_naming_the_host_and_what_to_do(fou
     assert plan["error"].endswith("The all-reduce measured nothing")
 
 
+@pytest.mark.parametrize(
+    ("found", "skipped"),
+    [
+        # qualify before the first playbooks/cluster.yml: no member's ray.env names the cluster.
+        ({"a": {}, "b": {}, "c": env(cluster="c2")}, True),
+        # Formed on one member only: that is a cluster in a bad state, refused as without skip.
+        ({**FOUND, "c": {}}, False),
+    ],
+)
+def test_qualify_skips_a_cluster_not_formed_yet(found, skipped):
+    plan = RULES.ray_cluster_network_plan(INVENTORY, "c1", found, "a", "auto", 6385, "skip")
+    assert (plan["measure"], bool(plan["skipped"]), bool(plan["error"])) == (False, skipped, not skipped)
+    if skipped:
+        result = RULES.ray_cluster_network_result({}, plan, SETTINGS)
+        assert result["verdict"] == "skip" and "not formed yet" in result["message"]
+        assert result["message"].endswith("run playbooks/cluster.yml, then qualify again")
+    assert plan_for("a", found)["error"], "without skip, an unformed cluster is refused"
+
+
 def test_a_host_of_no_cluster_is_refused():
     assert "x is no member (members: a, b, c)" in plan_for("x")["error"]
 
@@ -206,8 +225,10 @@ def test_the_roles_script_all_reduces_between_two_ranks_with_the_hosts_torch(tmp
         h: {"rc": r.returncode, "stdout": out, "stderr": err}
         for h, r, (out, err) in zip(found, ranks, done, strict=True)
     }
-    result = RULES.ray_cluster_network_result(given, plan, {**SETTINGS, "bytes": size, "iterations": 3})
-    assert result["verdict"] in ("pass", "warn"), result["message"]
+    # Thresholds loopback on a shared test machine always meets: the verdict is known.
+    settings = {**SETTINGS, "bytes": size, "iterations": 3, "min_busbw": 0.001, "step_seconds": 10**6}
+    result = RULES.ray_cluster_network_result(given, plan, settings)
+    assert result["verdict"] == "pass", result["message"]
     assert result["backend"] == "gloo" and result["bytes"] == size and result["busbw_gbps"] > 0
     # One rank of two: busbw = algbw x 2(2-1)/2.
     assert result["busbw_gbps"] == pytest.approx(result["algbw_gbps"], abs=0.002)
