@@ -26,13 +26,28 @@ def _hosts(names):
     return ", ".join(names)
 
 
-def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", port=0, unformed="fail"):
+# The ports line of the firewall's `set ports` (ray_cluster_firewall in plugins/filter/ray_cluster.py writes it).
+FIREWALL_PORTS = re.compile(r"set ports \{[^}]*?elements = \{ ([0-9, -]+) \}", re.DOTALL)
+
+
+def _firewall_admits(text, port):
+    """Whether a firewall file p40fleet wrote names `port` among the ports only members may reach."""
+    match = FIREWALL_PORTS.search(text or "")
+    for span in match.group(1).split(",") if match else []:
+        low, _, high = span.strip().partition("-")
+        if low.isdigit() and int(low) <= port <= int(high or low):
+            return True
+    return False
+
+
+def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", port=0, unformed="fail", firewalls=None):
     """This host's part of the cluster's all-reduce. inventory: [{host, cluster}] in inventory order; found: {host:
     the settings its root-owned ray.env holds} for every host of the play that read it. The head (as
     playbooks/cluster.yml formed the cluster) is rank 0 and the meeting point, the other members follow in inventory
     order. unformed: skip measures nothing (skipped says why) where no member holds this cluster's ray.env yet (qualify
-    before the first playbooks/cluster.yml), fail refuses it. {measure, rank, world, members, head, address, port,
-    iface, backend, skipped, error}."""
+    before the first playbooks/cluster.yml), fail refuses it. firewalls: {host: its firewall file (root's)}; the
+    head's must name the port, so that the meeting point is reachable from the members only. {measure, rank, world,
+    members, head, address, port, iface, backend, skipped, error}."""
     members = [m["host"] for m in inventory if m.get("cluster") == cluster]
     plan = {"cluster": cluster, "measure": False, "members": members, "world": len(members), "port": int(port)}
     plan.update({"rank": 0, "head": "", "address": "", "iface": "", "backend": "", "skipped": "", "error": ""})
@@ -74,6 +89,11 @@ def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", po
     except ValueError:
         return refuse(
             f"the head address {addresses[0]!r} in {RAY_ENV} is no IPv4 address:port: run playbooks/cluster.yml"
+        )
+    if firewalls is not None and not _firewall_admits(firewalls.get(heads[0], ""), int(port)):
+        return refuse(
+            f"the firewall of the head {heads[0]} (/etc/p40fleet/ray/firewall.nft) does not name port {port} among "
+            f"the ports only members may reach: run playbooks/cluster.yml, which adds it"
         )
     iface = found[host].get("NCCL_SOCKET_IFNAME", "")
     if not IFNAME.fullmatch(iface):

@@ -15,11 +15,14 @@ import pytest
 import yaml
 
 from p40fleet_dev import cpu_venv
+from p40fleet_dev.paths import REPO_ROOT
+from tests.source_modules import load_module
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: fleet_state_owner_run starts the owner's process"
 )
 
+FIREWALL = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_firewall_for_network")
 PLAYBOOK = """
 - name: Measure the network between the cluster's members
   hosts: all
@@ -42,9 +45,13 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def fleet(tmp_path, envs):
-    """Two members of cluster `pair`, each with its ray.env (envs: {host: overrides of its settings, None: no file})."""
+def fleet(tmp_path, envs, port):
+    """Two members of cluster `pair`, each with its ray.env (envs: {host: overrides of its settings, None: no file})
+    and the firewall file the role renders for them (plugins/filter/ray_cluster.py), its ports Ray's default ones
+    and `port` where the all-reduce meets (None: not among them)."""
     python = cpu_venv.python()
+    ports = [6379, 8265, [10001, 10999]] + ([port] if port else [])
+    firewall = FIREWALL.ray_cluster_firewall(["127.0.0.1"], ports, 4242)
     hosts = {}
     for host, changed in envs.items():
         config = tmp_path / host
@@ -59,6 +66,7 @@ def fleet(tmp_path, envs):
         }
         if changed is not None:
             (config / "ray.env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+            (config / "firewall.nft").write_text(firewall)
         hosts[host] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
@@ -87,8 +95,9 @@ SMALL = {
 
 
 def test_both_members_measure_at_once_and_publish_the_heads_result(tmp_path, run_playbook):
-    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {}})
-    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": free_port()})
+    port = free_port()
+    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {}}, port)
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port})
     assert not result.failures, result.stdout[-3000:]
     published = {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in ("m0", "m1")}
     assert published["m0"] == published["m1"]
@@ -100,8 +109,9 @@ def test_both_members_measure_at_once_and_publish_the_heads_result(tmp_path, run
 
 
 def test_a_member_formed_into_another_cluster_stops_both_before_any_all_reduce(tmp_path, run_playbook):
-    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {"P40FLEET_RAY_CLUSTER": "other"}})
-    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": free_port()})
+    port = free_port()
+    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {"P40FLEET_RAY_CLUSTER": "other"}}, port)
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port})
     failed = {f.host: f.message for f in result.failures}
     assert set(failed) == {"m0", "m1"}, result.stdout[-3000:]
     for message in failed.values():
@@ -110,10 +120,24 @@ def test_a_member_formed_into_another_cluster_stops_both_before_any_all_reduce(t
 
 
 def test_qualify_skips_a_cluster_not_formed_yet_and_says_so(tmp_path, run_playbook):
-    playbook, inventory = fleet(tmp_path, {"m0": None, "m1": None})
-    extra = {**SMALL, "ray_cluster_network_port": free_port(), "ray_cluster_network_unformed": "skip"}
+    port = free_port()
+    playbook, inventory = fleet(tmp_path, {"m0": None, "m1": None}, port)
+    extra = {**SMALL, "ray_cluster_network_port": port, "ray_cluster_network_unformed": "skip"}
     result = run_playbook(playbook, inventory, extra_vars=extra)
     assert not result.failures, result.stdout[-3000:]
     for host in ("m0", "m1"):
         published = json.loads((tmp_path / f"{host}.json").read_text())
         assert published["verdict"] == "skip" and "cluster pair: not formed yet" in published["message"]
+
+
+def test_a_head_whose_firewall_leaves_the_meeting_port_open_is_refused(tmp_path, run_playbook):
+    """A cluster formed before the port joined the firewall: the all-reduce would meet on a port anyone reaches."""
+    port = free_port()
+    playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {}}, None)
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port})
+    failed = {f.host: f.message for f in result.failures}
+    assert set(failed) == {"m0", "m1"}, result.stdout[-3000:]
+    assert (
+        f"m1: cluster pair: the firewall of the head m0 (/etc/p40fleet/ray/firewall.nft) does not name port {port} "
+        "among the ports only members may reach: run playbooks/cluster.yml, which adds it"
+    ) in failed["m1"]

@@ -94,6 +94,36 @@ def test_qualify_skips_a_cluster_not_formed_yet(found, skipped):
     assert plan_for("a", found)["error"], "without skip, an unformed cluster is refused"
 
 
+FIREWALL = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_firewall_rules")
+
+
+@pytest.mark.parametrize(
+    ("ports", "admitted"),
+    [
+        ([6379, [6380, 6385], [10002, 10999]], True),  # the role's default ports, merged into one span
+        ([6385], True),
+        ([6379, [6380, 6384], [10002, 10999]], False),  # a firewall written before the port joined it
+    ],
+)
+def test_the_heads_firewall_must_name_the_meeting_port(ports, admitted):
+    firewalls = {"b": FIREWALL.ray_cluster_firewall(["10.0.0.1", "10.0.0.2"], ports, 4242), "a": ""}
+    plan = RULES.ray_cluster_network_plan(INVENTORY, "c1", FOUND, "a", "auto", 6385, "fail", firewalls)
+    assert plan["error"] == (
+        ""
+        if admitted
+        else (
+            "a: cluster c1: the firewall of the head b (/etc/p40fleet/ray/firewall.nft) does not name port 6385 "
+            "among the ports only members may reach: run playbooks/cluster.yml, which adds it. The all-reduce "
+            "measured nothing"
+        )
+    )
+
+
+def test_no_firewall_file_on_the_head_is_refused():
+    plan = RULES.ray_cluster_network_plan(INVENTORY, "c1", FOUND, "a", "auto", 6385, "fail", {"a": "", "c": ""})
+    assert "the firewall of the head b" in plan["error"]
+
+
 def test_a_host_of_no_cluster_is_refused():
     assert "x is no member (members: a, b, c)" in plan_for("x")["error"]
 
