@@ -5,6 +5,7 @@ cluster Ray reports is the one the inventory asks for. Table-tested without host
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 
@@ -207,6 +208,19 @@ def ray_cluster_restarts(plan, host, files_changed, active, head_restarted):
     if not active:
         return {"action": "start", "why": f"{host}'s Ray node was not running"}
     return {"action": "none", "why": "healthy and unchanged"}
+
+
+def ray_cluster_node_environment(environment, nccl_environment):
+    """The environment p40fleet-ray-node hands `ray start` from the launch script's env file, as the launch_script
+    role writes it (the qualification's NCCL settings under launch_script_environment), with its sha256: a change of
+    either restarts the node, since Ray's processes keep the environment they started with."""
+    given_as = {"launch_script_environment": environment, "launch_script_nccl_environment": nccl_environment}
+    for name, given in given_as.items():
+        if not isinstance(given, dict):
+            raise RayClusterError(f"{name} must be a mapping of names to values, got {type(given).__name__}")
+    merged = {str(key): str(value) for key, value in {**nccl_environment, **environment}.items()}
+    digest = hashlib.sha256(json.dumps(merged, sort_keys=True).encode()).hexdigest()
+    return {"names": sorted(merged), "digest": digest}
 
 
 JOB_STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
@@ -556,6 +570,7 @@ class FilterModule:
             "ray_cluster_firewall": ray_cluster_firewall,
             "ray_cluster_plan": ray_cluster_plan,
             "ray_cluster_interface": ray_cluster_interface,
+            "ray_cluster_node_environment": ray_cluster_node_environment,
             "ray_cluster_readiness": ray_cluster_readiness,
             "ray_cluster_restarts": ray_cluster_restarts,
             "ray_cluster_status": ray_cluster_status,

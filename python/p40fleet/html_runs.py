@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from p40fleet.train import row
+from p40fleet.train import network, row
 
 CSS = """
 .runs { padding: 0 32px 40px; }
@@ -22,6 +22,8 @@ CSS = """
 .runs .st-running { color: var(--ok); } .runs .st-finished { color: var(--converged); }
 .runs .st-failed, .runs .st-rebooted { color: var(--failed); } .runs .st-stopped { color: var(--drift); }
 .runs svg { display: block; }
+.runs .net { font-size: 12px; margin-top: 2px; } .runs .net-pass { color: var(--muted); }
+.runs .net-warn { color: var(--drift); } .runs .net-fail, .runs .net-error { color: var(--failed); }
 .runs .legend { color: var(--muted); font-size: 12px; margin: 6px 0 0; }
 .runs .legend b.t { color: #0969da; } .runs .legend b.v { color: #cf222e; }
 """
@@ -72,11 +74,13 @@ def render_runs(runs: list[dict]) -> str:
         cells = row(run)
         state = cells[2]
         why = run.get("why") if run.get("state") != "member" else ""
+        verdict, measured = network(run)
         tds = [
             f"<td>{escape(cells[0])}</td>",
             f"<td>{escape(cells[1])}</td>",
             f'<td><span class="st st-{escape(state)}">{escape(state)}</span>'
             + (f'<div class="why">{escape(str(why))}</div>' if why else "")
+            + (f'<div class="net net-{verdict}">network {verdict}: {escape(measured)}</div>' if measured else "")
             + "</td>",
             *(f'<td class="num">{escape(c)}</td>' for c in cells[3:8]),
             f"<td>{escape(cells[8])}</td>",

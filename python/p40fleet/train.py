@@ -33,6 +33,8 @@ RUNS_FILE = "train-runs.json"
 ACTIONS = ("start", "stop", "status")
 # A run in these states needs the operator: `status` exits non-zero.
 TROUBLE = ("failed", "rebooted")
+# The network measurement's verdicts (plugins/filter/ray_cluster_network.py); anything else is shown as an error.
+NETWORK_VERDICTS = ("pass", "warn", "fail", "error", "skip")
 
 
 @dataclass
@@ -141,6 +143,16 @@ def row(run: dict) -> list[str]:
 COLUMNS = ("host", "run", "state", "step", "s/step", "train score", "val score", "checkpoint", "expected end")
 
 
+def network(run: dict) -> tuple[str, str]:
+    """The network measured before a cluster job (roles/ray_cluster's result, kept in the run's record): its verdict
+    (pass, warn, fail or error) and message, ('', '') where none was measured; made printable, it came from a host."""
+    found = run.get("network")
+    if not isinstance(found, dict) or not found.get("message"):
+        return "", ""
+    verdict = str(found.get("verdict", ""))
+    return (verdict if verdict in NETWORK_VERDICTS else "error"), printable(str(found["message"]))
+
+
 def print_runs(console: Console, runs: list[dict]) -> None:
     if not runs:
         console.print("No training run: `p40fleet train start` starts one per host.")
@@ -154,6 +166,10 @@ def print_runs(console: Console, runs: list[dict]) -> None:
     for run in runs:
         if run.get("why") and run.get("state") != "member":
             console.print(f"  {escape(printable(run['host']))}: {escape(printable(run['why']))}", highlight=False)
+        verdict, message = network(run)
+        if message:
+            color = {"pass": "green", "warn": "yellow"}.get(verdict, "red")
+            console.print(f"  [{color}]network {verdict}[/]: {escape(message)}", highlight=False)
 
 
 def write_json(runs: list[dict], path: Path) -> None:

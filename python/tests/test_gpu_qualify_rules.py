@@ -520,16 +520,15 @@ def test_a_single_gpu_host_and_an_unreadable_topology():
     assert unread["nccl_environment"] == {} and unread["findings"][0]["reason"].startswith("nvidia-smi topo answered 2")
 
 
-def test_history_keeps_each_hosts_topology_and_site_yml_hands_its_nccl_setting_to_the_launch_script(tmp_path):
+def test_history_keeps_each_hosts_topology_and_launch_script_hands_its_nccl_setting_to_every_play(tmp_path):
     blocked = RULES.gpu_qualify_topology(standin("topo-2x-p2p-blocked"), "twin")
     fine = RULES.gpu_qualify_topology(standin("topo-2x-p2p-ok"), "pair")
     history = RULES.gpu_qualify_history({}, [judge("p40-healthy")], "2026-12-05", topologies=[blocked, fine])
     assert history["hosts"]["twin"]["nccl_environment"] == {"NCCL_P2P_DISABLE": "1"}
     path = tmp_path / "gpu-qualify.json"
     path.write_text(json.dumps(history))
-    # site.yml's own expression, templated for three hosts: blocked, fine, never qualified.
-    [site] = [play for play in yaml.safe_load((REPO_ROOT / "site.yml").read_text()) if "roles" in play]
-    expression = site["vars"]["launch_script_nccl_environment"]
+    # launch_script's own default, templated for three hosts (blocked, fine, never qualified) in a play that lists
+    # the role as cluster.yml does (tags: never): site.yml's launch script and cluster.yml's Ray nodes read one value.
     hosts = {
         h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
         for h in ("twin", "pair", "new")
@@ -547,10 +546,10 @@ def test_history_keeps_each_hosts_topology_and_site_yml_hands_its_nccl_setting_t
         yaml.safe_dump(
             [
                 {
-                    "name": "Template site.yml's NCCL setting",
+                    "name": "Template launch_script's NCCL setting",
                     "hosts": "p40-hosts",
                     "gather_facts": False,
-                    "vars": {"launch_script_nccl_environment": expression},
+                    "roles": [{"role": "launch_script", "tags": ["never"]}],
                     "tasks": [{"name": "Write it", **show}],
                 }
             ]

@@ -32,7 +32,7 @@ OTHER_UID = 4243
 CLIENT = "/usr/bin/python3"
 PORTS = [6379, 8265, 10001, [6380, 6384], [10002, 10999], 52365]
 # The ports the role configures by default (defaults/main.yml), as vars/main.yml lists them.
-PORTS_BY_DEFAULT = [6379, 8265, 10001, 6380, 6381, 6382, 6383, 6384, 52365, [10002, 10999]]
+PORTS_BY_DEFAULT = [6379, 8265, 10001, 6380, 6381, 6382, 6383, 6384, 52365, 6385, [10002, 10999]]
 
 
 def test_ruleset_admits_members_and_loopback_only():

@@ -5,6 +5,7 @@ controller: node_id, node_ip, is_head_node, state, node_name, resources_total wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -171,6 +172,46 @@ def test_readiness_refuses_what_is_not_a_node_list(text, reason):
 )
 def test_restarts(host, changed, active, head_restarted, action):
     assert RULES.ray_cluster_restarts(PLAN, host, changed, active, head_restarted)["action"] == action
+
+
+NO_P2P = {"NCCL_P2P_DISABLE": "1"}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "restart"),
+    [
+        # Only the qualification's NCCL setting changed (P2P found broken): Ray's processes must get it.
+        (({}, {}), ({}, NO_P2P), True),
+        (({"WANDB_MODE": "offline"}, NO_P2P), ({"WANDB_MODE": "offline"}, {}), True),
+        (({}, NO_P2P), ({}, {"NCCL_P2P_DISABLE": "0"}), True),
+        (({"WANDB_MODE": "offline"}, {}), ({"WANDB_MODE": "online"}, {}), True),
+        # The same environment in the file: launch_script_environment already set what qualify now adds.
+        ((NO_P2P, {}), (NO_P2P, NO_P2P), False),
+        # launch_script_environment wins over the NCCL setting, as in the launch script's file.
+        (({"NCCL_P2P_DISABLE": "0"}, {}), ({"NCCL_P2P_DISABLE": "0"}, NO_P2P), False),
+        (({"A": "1", "B": "2"}, {}), ({"B": "2", "A": "1"}, {}), False),
+        # The file holds strings: an integer from YAML and its string are one value.
+        (({}, {"NCCL_P2P_DISABLE": 1}), ({}, NO_P2P), False),
+    ],
+)
+def test_node_environment_restarts_the_node_when_only_the_nccl_setting_changes(before, after, restart):
+    old, new = (RULES.ray_cluster_node_environment(*pair) for pair in (before, after))
+    assert (old["digest"] != new["digest"]) is restart
+    changed = old["digest"] != new["digest"]
+    assert RULES.ray_cluster_restarts(PLAN, "a", changed, True, False)["action"] == ("restart" if restart else "none")
+
+
+def test_node_environment_refuses_what_is_no_mapping():
+    with pytest.raises(RULES.RayClusterError, match="launch_script_nccl_environment must be a mapping"):
+        RULES.ray_cluster_node_environment({}, "NCCL_P2P_DISABLE=1")
+
+
+def test_node_environment_digest_is_the_one_the_role_kept_before():
+    # A string-only environment keeps the digest the role wrote before the NCCL setting counted (to_json's
+    # sort_keys, then sha256): upgrading p40fleet restarts no node whose environment did not change.
+    environment = {"WANDB_MODE": "offline", "HF_HOME": "/data/hf"}
+    kept = hashlib.sha256(json.dumps(environment, sort_keys=True).encode()).hexdigest()
+    assert RULES.ray_cluster_node_environment(environment, {})["digest"] == kept
 
 
 def job(job_id, status, start):

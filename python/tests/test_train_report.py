@@ -104,6 +104,37 @@ def test_html_escapes_and_plots_only_numbers():
     assert "no steps yet" in html_runs.plot([])
 
 
+# What roles/ray_cluster's network measurement keeps in a cluster run's record (plugins/filter/ray_cluster_network.py).
+SLOW = {
+    "cluster": "rack-a",
+    "members": ["node001", "node002"],
+    "world": 2,
+    "verdict": "warn",
+    "busbw_gbps": 0.9,
+    "message": "cluster rack-a: all-reduce of 1.98 GB (nccl, 2 members): 2.200 s, algbw 0.90 GB/s, busbw 0.90 "
+    "GB/s. A cluster job would be slower than independent runs on the same hosts: a step's 15.8 GB of gradients "
+    "take about 400 s, more than the 300 s a step saves on 2 hosts",
+}
+
+
+def cluster_run(network):
+    return {**status("node001"), "cluster": "rack-a", "network": network}
+
+
+def test_the_network_measured_before_a_cluster_job_is_shown_with_its_verdict():
+    forged = cluster_run({"verdict": "<b>", "message": "slow\x1b[2J <img src=x onerror=alert(1)>"})
+    console = Console(record=True, width=400, force_terminal=False)
+    train.print_runs(console, [cluster_run(SLOW), forged, status("node003")])
+    text = console.export_text()
+    assert "network warn: cluster rack-a: all-reduce of 1.98 GB" in text and "slower than independent runs" in text
+    assert "network error: slow[2J <img src=x onerror=alert(1)>" in text and "\x1b" not in text
+    assert text.count("network ") == 2
+    page = html_runs.render_runs([cluster_run(SLOW), forged, status("node003")])
+    assert '<div class="net net-warn">network warn: cluster rack-a' in page
+    assert '<div class="net net-error">network error: slow[2J &lt;img' in page and "<img" not in page
+    assert page.count('class="net ') == 2
+
+
 @pytest.mark.parametrize("hosts", [3, 100])
 def test_the_report_with_runs_in_a_browser(tmp_path, hosts):
     inventory = tmp_path / "hosts.yml"
@@ -112,6 +143,7 @@ def test_the_report_with_runs_in_a_browser(tmp_path, hosts):
     state = StateDir(tmp_path / "state")
     states = ("running", "finished", "stopped", "rebooted", "failed")
     runs = [status(n, state=states[i % len(states)], step=20 + (i * 7) % 80, seed=i) for i, n in enumerate(names)]
+    runs[0] = {**runs[0], "cluster": "rack-a", "network": SLOW}
     train.save_runs(state, inventory, runs, "2026-12-05T12:00:00+00:00")
     out = TEST_OUTPUT
     out.mkdir(parents=True, exist_ok=True)
@@ -120,8 +152,10 @@ def test_the_report_with_runs_in_a_browser(tmp_path, hosts):
     assert cli.main([*argv, "--json", str(json_path), "--html", str(html_path)]) == cli.EXIT_OK
     data = json.loads(json_path.read_text())
     assert [r["host"] for r in data["runs"]] == names
+    assert data["runs"][0]["network"]["verdict"] == "warn"
     page = html_path.read_text()
     assert page.count("<svg ") == hosts and f"training runs ({hosts})" in page
+    assert page.count('<div class="net net-warn">network warn: cluster rack-a') == 1
     assert "<script" not in page and "<img" not in page
     if CHROMIUM is None:
         pytest.skip("chromium is not installed: run `make test-deps`")

@@ -151,3 +151,39 @@ def test_every_run_is_followed_to_its_end_in_status_and_the_report(fleet, tmp_pa
     assert {(r["host"], r["state"]) for r in report["runs"]} == {(h, "finished") for h in HOSTS}
     page = html_path.read_text()
     assert page.count("<svg ") == 3 and 'id="run-node2-gsm8k"' in page
+
+
+def test_a_cluster_run_is_refused_before_cluster_yml_then_followed_to_its_end(fleet):
+    """`p40fleet train start --cluster demo`: one run on the cluster's head, which the other members report. Before
+    it starts, the network between the members is measured; these hosts have no Ray (no playbooks/cluster.yml formed
+    demo), so start is refused on every member with what to do, and nothing starts. Without the check the head runs
+    the job. Its command is the stand-in trainer (train_run_command) standing in for p40fleet-ray-submit: Ray's side
+    is test_ray_cluster.py's, the measurement's test_ray_cluster_network.py's."""
+    host_vars = fleet.inventory_dir / "host_vars"
+    for host in HOSTS:
+        path = host_vars / f"{host}.yml"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "p40fleet_cluster": "demo"}) + "\n")
+    steps = ["trainer.total_training_steps=8", f"trainer.default_local_dir=/home/{OWNER}/cluster-checkpoints"]
+    job = {"train_run_cluster": "demo", "train_run_name": "cluster", "train_run_overrides": steps}
+    refused = fleet.train("start", extra_vars=job)
+    assert refused.run.rc != 0
+    messages = {f.host: f.message for f in refused.run.failures}
+    assert set(messages) == set(HOSTS), messages
+    assert (
+        "node1: cluster demo: /etc/p40fleet/ray/ray.env names another cluster or none on node1 (none), node2 (none), "
+        "node3 (none): run playbooks/cluster.yml first. The all-reduce measured nothing"
+    ) in messages["node1"]
+    assert fleet.exec("node1", "test -e /etc/systemd/system/p40fleet-train-cluster.service").returncode == 1
+    started = by_host(fleet.train("start", extra_vars={**job, "train_run_network_check": False}))
+    assert (started["node1"]["state"], started["node1"]["runs_here"], started["node1"]["network"]) == (
+        "running",
+        True,
+        {},
+    )
+    assert {h: started[h]["state"] for h in ("node2", "node3")} == {"node2": "member", "node3": "member"}
+    assert fleet.exec("node2", "test -e /etc/systemd/system/p40fleet-train-cluster.service").returncode == 1
+    wait_until(lambda: by_host(fleet.train("status", extra_vars=job))["node1"]["state"] == "finished", timeout=300)
+    runs = by_host(fleet.train("status", extra_vars=job))
+    progress = runs["node1"]["progress"]
+    assert progress["step"] == 8 == progress["total_steps"] == progress["checkpoint_step"]
+    assert runs["node2"]["why"] == "the run is the cluster job of node1"
