@@ -5,7 +5,10 @@ No hub is reachable there, so the model is made on the spot:
   converter into verl's layout; disjoint sets for the warm start, PPO's prompts and the held-out validation;
 - a small model of Qwen2's architecture with a byte-level BPE tokenizer that splits digits, warm-started by supervised
   fine-tuning in plain torch on the converted prompts and answers (chat template, loss on the answer only) until its
-  greedy accuracy, scored by verl's own GSM8K rule, first lies in [WARM_LOW, WARM_HIGH];
+  greedy accuracy, scored by verl's own GSM8K rule, averaged over the last WARM_EVALS evaluations on SELECT_ROWS rows
+  of the PPO prompts, lies in [WARM_LOW, WARM_HIGH]. The held-out rows are not used to choose the model: the first
+  stop rule (one evaluation on them in band) kept a lucky evaluation, a model that scored about 9% and read 16% at
+  step 0, from which PPO did not rise in 100 steps (docs/gpu-sweep.md);
 - then the cases' launch scripts as rendered (run_check.install_case), with the model, the data and a short schedule
   passed through (SCHEDULE), run side by side: the 1x P40 rendering (fp32, the patches, the hf rollout, the 23 GiB cap,
   TF32 off) and the bf16 reference (the modern profile: verl's own bf16 autocast). Greedy validation before step 1 and
@@ -22,6 +25,8 @@ import sys
 import time
 
 WARM_LOW, WARM_HIGH = 0.15, 0.45
+WARM_EVALS = 3
+SELECT_ROWS = 512
 VAL_ROWS = 256
 PPO_ROWS = 16384
 SFT_ROWS = 24000
@@ -32,8 +37,9 @@ SCHEDULE = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=64",
     "data.max_prompt_length=160",
     "data.max_response_length=48",
-    # A 4M-parameter model moves at rates a 0.5B one would not take.
-    "actor_rollout_ref.actor.optim.lr=5e-5",
+    # A 4M-parameter model moves at rates a 0.5B one would not take. At 5e-5 the policy barely moved on an H100's
+    # warm start (clip fraction and KL about 0, greedy validation flat in 100 steps, old and new defaults alike).
+    "actor_rollout_ref.actor.optim.lr=2e-4",
     "critic.optim.lr=5e-4",
     f"trainer.total_training_steps={STEPS}",
     f"trainer.test_freq={VAL_EVERY}",
@@ -125,13 +131,15 @@ def greedy_accuracy(model, tok, prompts: list[list[dict]], truths: list[str], sc
 
 
 def warm_start(data_dir: pathlib.Path, out: pathlib.Path, template: str, compute_score, log) -> dict:
-    """SFT of a small Qwen2 on the converted sft split until its greedy accuracy on the test split is in band."""
+    """SFT of a small Qwen2 on the converted sft split until its mean greedy accuracy on rows of the PPO prompts (not
+    the held-out rows) is in band; then its accuracy on the held-out rows, which validation before step 1 repeats."""
     import pyarrow.parquet as pq
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     sft = pq.read_table(data_dir / "sft.parquet").to_pylist()
     test = pq.read_table(data_dir / "test.parquet").to_pylist()
+    select = pq.read_table(data_dir / "train.parquet").to_pylist()[:SELECT_ROWS]
     texts = [r["prompt"][0]["content"] + " " + r["extra_info"]["answer"] for r in sft[:4000]]
     tok = tokenizer(texts, out, template)
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")}
@@ -159,8 +167,8 @@ def warm_start(data_dir: pathlib.Path, out: pathlib.Path, template: str, compute
         a = tok(r["extra_info"]["answer"], add_special_tokens=False)["input_ids"] + [ids["<|im_end|>"]]
         examples.append((p, a))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    prompts = [r["prompt"] for r in test]
-    truths = [r["reward_model"]["ground_truth"] for r in test]
+    prompts = [r["prompt"] for r in select]
+    truths = [r["reward_model"]["ground_truth"] for r in select]
     history, step, accuracy, batch = [], 0, 0.0, 64
     rng = random.Random(0)
     started = time.monotonic()
@@ -181,17 +189,28 @@ def warm_start(data_dir: pathlib.Path, out: pathlib.Path, template: str, compute
         loss.backward()
         optim.step()
         step += 1
-        # Every 50 steps, every 10 once it starts to score: the warm start must stop inside the band.
-        if step % (10 if accuracy >= 0.05 else 50) == 0:
-            accuracy = greedy_accuracy(model, tok, prompts, truths, compute_score)
-            history.append({"step": step, "loss": round(loss.item(), 4), "greedy_accuracy": accuracy})
-            log(f"warm start: step {step} loss {loss.item():.3f} greedy accuracy {accuracy:.3f}")
-            if WARM_LOW <= accuracy <= WARM_HIGH:
+        # Every 50 steps, every 20 once it starts to score: the warm start must stop inside the band.
+        if step % (20 if history and history[-1]["greedy_accuracy"] >= 0.05 else 50) == 0:
+            history.append(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "greedy_accuracy": greedy_accuracy(model, tok, prompts, truths, compute_score),
+                }
+            )
+            recent = [h["greedy_accuracy"] for h in history[-WARM_EVALS:]]
+            accuracy = sum(recent) / len(recent) if len(recent) == WARM_EVALS else 0.0
+            log(f"warm start: step {step} loss {loss.item():.3f} selection {recent[-1]:.3f}, mean {accuracy:.3f}")
+            if len(recent) == WARM_EVALS and WARM_LOW <= accuracy <= WARM_HIGH:
                 break
             if accuracy > WARM_HIGH:
                 raise SystemExit(f"learning: the warm start jumped past {WARM_HIGH} ({history}); lower its rate")
     if not WARM_LOW <= accuracy <= WARM_HIGH:
         raise SystemExit(f"learning: the warm start did not reach {WARM_LOW} in {step} steps: {history}")
+    held_out = greedy_accuracy(
+        model, tok, [r["prompt"] for r in test], [r["reward_model"]["ground_truth"] for r in test], compute_score
+    )
+    log(f"warm start: held-out greedy accuracy {held_out:.3f}")
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], eos_token_id=[ids["<|im_end|>"]], pad_token_id=ids["<|endoftext|>"]
@@ -213,7 +232,9 @@ def warm_start(data_dir: pathlib.Path, out: pathlib.Path, template: str, compute
         "sft_rows": len(sft),
         "sft_steps": step,
         "sft_seconds": round(time.monotonic() - started, 1),
-        "greedy_accuracy": accuracy,
+        # On the held-out rows (validation before step 1 scores the same); the selection's mean chose the model.
+        "greedy_accuracy": held_out,
+        "selection": {"rows": len(select), "evaluations": WARM_EVALS, "mean_accuracy": accuracy},
         "history": history,
     }
 

@@ -43,6 +43,8 @@ sweep = importlib.import_module("sweep")
 
 OWNER = "p40fleet"
 ROOT = pathlib.Path("/srv/gpu-check")
+# The runs' consoles (main sets it under --out).
+LOG_DIR: pathlib.Path | None = None
 # The fixed inputs the bundle rendered with (tests/launch_render.py INPUTS); replaced here, nothing else is.
 RENDER_PYTHON = "/opt/miniconda3/envs/verl-env/bin/python"
 RENDER_PREFIX = "/opt/miniconda3/envs/verl-env"
@@ -275,8 +277,12 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
             *args,
         ]
         start = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=str(script.parent))
-        output = done.stdout + done.stderr
+        # The console goes to a file under --out as it comes: a call cut off at its time limit still brings it back.
+        log_path = LOG_DIR / f"{name}-{label}.log" if LOG_DIR else script.parent / f"{label}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w") as log_file:
+            done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(script.parent))
+        output = log_path.read_text(errors="replace")
         summary = [ln for ln in output.splitlines() if ln.startswith("smoke: ")]
         result = [json.loads(ln[len("smoke-json: ") :]) for ln in output.splitlines() if ln.startswith("smoke-json: ")]
         runs[label] = {
@@ -422,6 +428,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", default="", help="CASE: the step-time sweep, alone on the GPU (no other case)")
     parser.add_argument("--sweep-only", default="", help="a,b: only these sweep configurations")
     args = parser.parse_args(argv)
+    global LOG_DIR
+    LOG_DIR = args.out / "logs"
     learn = [c for c in args.learn.split(",") if c]
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     # --cases none: no smoke case (the learning proof alone makes its own data and model).
@@ -474,8 +482,10 @@ def main(argv=None) -> int:
             smoke = args.smoke_steps or case["smoke_steps"]
             full = args.full_steps if args.full_steps is not None else case["full_steps"]
             jobs[name] = pool.submit(run_case, name, case, script, index, smoke, full, args.site)
+        # Each result as it comes, so a call cut off at its time limit still brings back what finished.
         for name, job in jobs.items():
             report["cases"][name] = job.result()
+            (args.out / "results-partial.json").write_text(json.dumps(report, indent=1) + "\n")
         if learning_job:
             report["learning"] = learning_job.result()
     report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
