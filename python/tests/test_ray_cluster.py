@@ -280,6 +280,10 @@ def test_a_cluster_job_started_by_p40fleet_train_runs_on_ray_to_its_end(fleet, t
     progress = head["progress"]
     assert progress["step"] == 6 == progress["total_steps"] == progress["checkpoint_step"], progress
     assert progress["val_step"] == 6 and head["network"] == measured
+    # The stand-in's checkpoint is on the head's disk where verl's default_local_dir puts it.
+    log = fleet.exec("node1", f"cat {head['log']}", user=OWNER).stdout
+    folder = re.findall(r"^local_global_step_folder: (\S+)$", log, re.MULTILINE)[-1]
+    assert folder.endswith("/global_step_6") and fleet.exec("node1", f"test -d {folder}/actor").returncode == 0
     # The job ran on Ray: submitted, recorded and ended as the submit command records it.
     record = fleet.exec("node1", "cat ~/.p40fleet/ray-jobs/jobs.log", user=OWNER).stdout
     job_id = re.findall(r"^\S+ (p40fleet-train-\S+) submitted$", record, re.MULTILINE)[-1]
