@@ -438,6 +438,8 @@ class Host:
     services: bool = False
     # The podman image the host started from where it is not the bare sandbox image (Sandbox.up(image=...)).
     image: str = ""
+    # The controller's directories the host sees, read-only ({controller path: host path}; Sandbox.up(volumes=...)).
+    volumes: dict[str, str] = field(default_factory=dict)
     # sshd's ed25519 public key ("ssh-ed25519 AAAA..."), read as the host started: known_hosts is written from it.
     host_key: str = ""
 
@@ -491,6 +493,7 @@ class Sandbox:
         tmpfs: Mapping[str, Mapping[str, str]] | None = None,
         services: bool = False,
         image: str = "",
+        volumes: Mapping[str, str] | None = None,
     ) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
         profiles, login, OS and mounts is kept as it is, any other is replaced. `login` is how Ansible logs
@@ -500,7 +503,9 @@ class Sandbox:
         without touching the test machine's disk. `services` starts the stand-in service manager on every host
         (`systemctl` answers there), for roles that run systemd units. `image` starts every host from a
         converged host's disk (p40fleet_dev.images.converged_image, built for the same OS; the login is set up as
-        each host starts) instead of a bare one."""
+        each host starts) instead of a bare one. `volumes` shows every host directories of the controller, read-only,
+        {controller path: host path}: what a test needs on the hosts that is too large to copy (the CPU venv's
+        torch)."""
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         if os_name not in OS_RELEASES:
@@ -520,11 +525,19 @@ class Sandbox:
             for path, size in mounts.items():
                 if not path.startswith("/") or "," in path or not size.rstrip("kmg").isdigit():
                     raise SandboxError(f"tmpfs {path}={size}: use an absolute path and a size like 64m")
+        volumes = {str(source): str(target) for source, target in (volumes or {}).items()}
+        for source, target in volumes.items():
+            # podman's -v splits on ':'; a relative path would be taken as a named volume.
+            if not (source.startswith("/") and target.startswith("/")) or ":" in source + target:
+                raise SandboxError(f"volume {source}:{target}: use absolute paths without ':'")
         current = self.hosts()
-        wanted = [(p, login, os_name, tmpfs.get(n, {}), services, image) for p, n in zip(profiles, names, strict=True)]
-        if [(h.profile, h.login, h.os, h.tmpfs, h.services, h.image) for h in current] == wanted and self._running(
-            current
-        ):
+        wanted = [
+            (p, login, os_name, tmpfs.get(n, {}), services, image, volumes)
+            for p, n in zip(profiles, names, strict=True)
+        ]
+        if [
+            (h.profile, h.login, h.os, h.tmpfs, h.services, h.image, h.volumes) for h in current
+        ] == wanted and self._running(current):
             return current
         self.down()
         base = ensure_image(os_name)
@@ -552,6 +565,7 @@ class Sandbox:
                         mirror,
                         tmpfs.get(name, {}),
                         services,
+                        volumes,
                     )
                     for name, profile in zip(names, profiles, strict=True)
                 ]
@@ -646,12 +660,15 @@ class Sandbox:
         mirror: str,
         tmpfs: dict[str, str],
         services: bool = False,
+        volumes: Mapping[str, str] | None = None,
     ) -> Host:
         container = f"{PODMAN_PREFIX}-{self.name}-{name}"
         home = "/root" if login == "root" else f"/home/{LOGIN_USER}"
         mounts = []
         for path, size in sorted(tmpfs.items()):
             mounts += ["--mount", f"type=tmpfs,destination={path},tmpfs-size={size}"]
+        for source, target in sorted((volumes or {}).items()):
+            mounts += ["-v", f"{source}:{target}:ro"]
         podman(
             "run",
             "-d",
@@ -712,6 +729,7 @@ class Sandbox:
             os=os_name,
             tmpfs=tmpfs,
             services=services,
+            volumes=dict(volumes or {}),
             host_key=_known_hosts_key(name, ready),
         )
 
@@ -811,7 +829,7 @@ class Sandbox:
             old = by_name[name]
             podman("rm", "-f", "-t", "0", old.container)
             by_name[name] = self._start_host(
-                self.copy_image, name, old.profile, old.login, old.os, mirror, old.tmpfs, old.services
+                self.copy_image, name, old.profile, old.login, old.os, mirror, old.tmpfs, old.services, old.volumes
             )
         hosts = [by_name[h.name] for h in hosts]
         self._save_hosts(hosts)

@@ -153,9 +153,10 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def make_sandbox():
-    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None, services=False, image="")
-    -> a running Sandbox (services: the stand-in service manager answers systemctl on its hosts; image: its hosts
-    start as copies of a converged host, p40fleet_dev.images.converged_image); removed once the work unit that
+    """make_sandbox(name, profiles, login=DEFAULT_LOGIN, os_name=DEFAULT_OS, tmpfs=None, services=False, image="",
+    volumes=None) -> a running Sandbox (services: the stand-in service manager answers systemctl on its hosts; image:
+    its hosts start as copies of a converged host, p40fleet_dev.images.converged_image; volumes: controller
+    directories each host sees read-only, {controller path: host path}); removed once the work unit that
     made it is done (tests/sandbox_removal.py)."""
 
     def make(
@@ -166,10 +167,13 @@ def make_sandbox():
         tmpfs: dict[str, dict[str, str]] | None = None,
         services: bool = False,
         image: str = "",
+        volumes: dict[str, str] | None = None,
     ) -> Sandbox:
         sandbox = Sandbox(sandbox_name(name))
         sandbox_removal.session.claim(sandbox.name)
-        sandbox.up(list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services, image=image)
+        sandbox.up(
+            list(profiles), login=login, os_name=os_name, tmpfs=tmpfs, services=services, image=image, volumes=volumes
+        )
         sandbox_removal.session.keep_until_unit_ends(sandbox)
         return sandbox
 

@@ -10,11 +10,14 @@ cluster.yml takes as it finds them (it reads no stage record; a copy's first sit
 stage, as on a host whose preflight state changed: test_converged_run.py's driver change); the copies log in as
 an ordinary user with password-less sudo, where the image's converge logged in as root. node1 to node3 form
 cluster `demo` (refused at first: verl cannot split the batch sizes across three ranks; then with derived
-sizes), node4 joins later. The tests run in order and build on each other.
+sizes), node4 joins later. The tests run in order and build on each other. `p40fleet train start --cluster demo`
+runs a job on it: the stand-in trainer (python/tests/fixtures/standins/trainer/verl_standin.py) through the head's
+submit command, after the network measurement with the CPU venv's real torch, which every host sees read-only.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -22,7 +25,11 @@ import time
 
 import pytest
 
+from p40fleet import cli, train
 from p40fleet.cluster import statuses
+from p40fleet.state import StateDir
+from p40fleet_dev import cpu_venv
+from p40fleet_dev.paths import REPO_ROOT
 
 # converge: run alone, the module's image takes a fresh host through the pipeline (minutes). In site_fleet's unit:
 # its node1 is the image.
@@ -32,11 +39,20 @@ OWNER = "p40fleet"
 # What Ray needs on a 2-core machine shared by four hosts: a small object store (the containers' /dev/shm is
 # 64 MB; Ray then uses /tmp) and patience while four nodes start.
 SANDBOX_VARS = "---\nray_cluster_object_store_memory: 100000000\nray_cluster_ready_timeout: 240\n"
+# The env's torch is a stand-in (no torch.distributed): the network measurement runs with the CPU venv's real torch,
+# which every host sees read-only where a venv of the host's own Python finds it.
+CPU_SITE_ON_HOST = "/opt/p40fleet-standin/cpu-venv-site"
+TORCH_VENV = "/opt/p40fleet-standin/torch"
+STANDIN = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "trainer" / "verl_standin.py"
+STANDIN_ON_HOST = "/opt/p40fleet-standin/verl_standin.py"
 
 
 @pytest.fixture(scope="module")
-def fleet(make_sandbox, run_playbook, site_image):
-    fleet = make_sandbox("ray", ["p40", "p40", "p40", "p40"], services=True, image=site_image)
+def fleet(make_sandbox, run_playbook, site_image, tmp_path_factory):
+    cpu_site = next(cpu_venv.python().parent.parent.glob("lib/python3*/site-packages")).resolve()
+    fleet = make_sandbox(
+        "ray", ["p40", "p40", "p40", "p40"], services=True, image=site_image, volumes={cpu_site: CPU_SITE_ON_HOST}
+    )
     host_vars = fleet.inventory_dir / "host_vars"
     host_vars.mkdir(exist_ok=True)
     (fleet.inventory_dir / "group_vars" / "all.yml").write_text(SANDBOX_VARS)
@@ -45,6 +61,8 @@ def fleet(make_sandbox, run_playbook, site_image):
     )
     fleet.leave = lambda host: (host_vars / f"{host}.yml").unlink()
     fleet.cluster = lambda **kw: run_playbook("playbooks/cluster.yml", fleet.inventory_dir, **kw)
+    fleet.state = StateDir(tmp_path_factory.mktemp("ray-train-state"))
+    fleet.train = lambda action, **kw: train.train(fleet.inventory_dir, action, state_dir=fleet.state, **kw)
     for host in ("node1", "node2", "node3"):
         fleet.join(host)
     yield fleet
@@ -204,6 +222,80 @@ def test_a_job_through_the_launch_path_reaches_every_node(fleet, run_playbook):
     assert f"{job} SUCCEEDED" in record
     status = statuses(run_playbook("playbooks/cluster_status.yml", fleet.inventory_dir).events)["demo"]
     assert status["last_job"]["id"] == job and status["last_job"]["status"] == "SUCCEEDED"
+
+
+def test_a_cluster_job_started_by_p40fleet_train_runs_on_ray_to_its_end(fleet, tmp_path):
+    """`p40fleet train start --cluster demo` on the formed cluster: the members' network is measured first (gloo, the
+    CPU venv's torch), then the head's unit runs p40fleet-ray-submit, which submits the job to the cluster's Ray and
+    follows it. The trainer is the stand-in (verl needs a GPU): the job runs a copy of the head's rendered submit
+    command in which the stand-in's file takes the place of `-m verl.trainer.main_ppo`, every other line as
+    playbooks/cluster.yml wrote it. `status` follows the job's metric lines, as `ray job submit` relays them, to its
+    last step and checkpoint; the report shows the network measured."""
+    venv = f"/usr/bin/python3 -m venv --without-pip {TORCH_VENV}"
+    found = f"echo {CPU_SITE_ON_HOST} > $(echo {TORCH_VENV}/lib/python3*/site-packages)/cpu-venv.pth"
+    for host in ("node1", "node2", "node3"):
+        made = fleet.exec(host, f"{venv} && {found}")
+        assert made.returncode == 0, made.stderr
+    submit = "/usr/local/bin/p40fleet-ray-submit"
+    standin_submit = "/opt/p40fleet-standin/p40fleet-ray-submit"
+    encoded = base64.b64encode(STANDIN.read_bytes()).decode()
+    made = fleet.exec(
+        "node1",
+        f"echo {encoded} | base64 -d > {STANDIN_ON_HOST} && chmod 0644 {STANDIN_ON_HOST}"
+        f" && cp -p {submit} {standin_submit}"
+        f' && sed -i \'s|"$PYTHON" -m verl.trainer.main_ppo |"$PYTHON" {STANDIN_ON_HOST} |\' {standin_submit}'
+        f" && diff {submit} {standin_submit} | grep -c '^>'",
+    )
+    assert made.stdout.strip() == "1", made.stdout + made.stderr
+    # Two seconds a step: the job is still running when start reads its status.
+    steps = ["trainer.total_training_steps=6", "trainer.save_freq=3", "trainer.test_freq=3", "+standin.step_seconds=2"]
+    job = {
+        "train_run_cluster": "demo",
+        "train_run_name": "cluster",
+        "train_run_overrides": steps,
+        "train_run_submit_script": standin_submit,
+    }
+    network = {
+        "ray_cluster_network_python": f"{TORCH_VENV}/bin/python",
+        "ray_cluster_network_backend": "gloo",
+        "ray_cluster_network_bytes": 4000000,
+        "ray_cluster_network_timeout": 120,
+    }
+    started = fleet.train("start", extra_vars={**job, **network})
+    assert started.run.rc == 0, started.run.failures
+    runs = {r["host"]: r for r in started.runs}
+    assert (runs["node1"]["state"], runs["node1"]["runs_here"]) == ("running", True), runs["node1"]
+    measured = runs["node1"]["network"]
+    assert (measured["backend"], measured["world"], measured["members"]) == ("gloo", 3, ["node1", "node2", "node3"])
+    assert measured["verdict"] in ("pass", "warn", "fail"), measured
+    assert "cluster demo: all-reduce of 0.00 GB (gloo, 3 members)" in measured["message"]
+    assert {runs[h]["state"] for h in ("node2", "node3")} == {"member"}
+
+    deadline = time.monotonic() + 300
+    while (status := {r["host"]: r for r in fleet.train("status", extra_vars=job).runs})["node1"]["state"] == "running":
+        assert time.monotonic() < deadline, status["node1"]
+        time.sleep(3)
+    head = status["node1"]
+    assert head["state"] == "finished", head
+    progress = head["progress"]
+    assert progress["step"] == 6 == progress["total_steps"] == progress["checkpoint_step"], progress
+    assert progress["val_step"] == 6 and head["network"] == measured
+    # The stand-in's checkpoint is on the head's disk where verl's default_local_dir puts it.
+    log = fleet.exec("node1", f"cat {head['log']}", user=OWNER).stdout
+    folder = re.findall(r"^local_global_step_folder: (\S+)$", log, re.MULTILINE)[-1]
+    assert folder.endswith("/global_step_6") and fleet.exec("node1", f"test -d {folder}/actor").returncode == 0
+    # The job ran on Ray: submitted, recorded and ended as the submit command records it.
+    record = fleet.exec("node1", "cat ~/.p40fleet/ray-jobs/jobs.log", user=OWNER).stdout
+    job_id = re.findall(r"^\S+ (p40fleet-train-\S+) submitted$", record, re.MULTILINE)[-1]
+    assert f"{job_id} SUCCEEDED" in record
+    json_path, html_path = tmp_path / "report.json", tmp_path / "report.html"
+    argv = ["report", "-i", str(fleet.inventory_dir), "--state-dir", str(fleet.state.root)]
+    assert cli.main([*argv, "--json", str(json_path), "--html", str(html_path)]) == cli.EXIT_OK
+    reported = {r["host"]: r for r in json.loads(json_path.read_text())["runs"]}
+    assert reported["node1"]["network"] == measured and reported["node1"]["state"] == "finished"
+    assert f"network {measured['verdict']}: cluster demo: all-reduce of 0.00 GB (gloo, 3 members)" in (
+        html_path.read_text()
+    )
 
 
 def test_another_account_and_a_stranger_cannot_reach_ray(fleet):

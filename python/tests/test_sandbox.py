@@ -144,6 +144,11 @@ def test_a_small_filesystem_for_a_host_it_lacks_or_of_no_size_is_refused():
         Sandbox("pytest-refused").up(["p40"], tmpfs={"node1": {"/srv/small": "lots"}})
 
 
+def test_a_volume_that_is_not_two_absolute_paths_is_refused():
+    with pytest.raises(SandboxError, match="volume cache:/srv/cache: use absolute paths without ':'"):
+        Sandbox("pytest-refused").up(["p40"], volumes={"cache": "/srv/cache"})
+
+
 def test_a_host_starts_with_one_exec_and_its_password_on_stdin_alone(monkeypatch, tmp_path):
     # Every podman call a sudo-password host's start makes, answered as podman would: no argument list, which
     # any account on the test machine can read, holds the password.

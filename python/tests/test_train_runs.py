@@ -155,7 +155,8 @@ def test_a_cluster_run_is_refused_before_cluster_yml_then_followed_to_its_end(fl
     it starts, the network between the members is measured; these hosts have no Ray (no playbooks/cluster.yml formed
     demo), so start is refused on every member with what to do, and nothing starts. Without the check the head runs
     the job. Its command is the stand-in trainer (train_run_command) standing in for p40fleet-ray-submit: Ray's side
-    is test_ray_cluster.py's, the measurement's test_ray_cluster_network.py's."""
+    is test_ray_cluster.py's (a cluster job through real Ray, the network measured), the measurement's
+    test_ray_cluster_network.py's."""
     host_vars = fleet.inventory_dir / "host_vars"
     for host in HOSTS:
         path = host_vars / f"{host}.yml"
