@@ -40,14 +40,17 @@ def _firewall_admits(text, port):
     return False
 
 
-def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", port=0, unformed="fail", firewalls=None):
+def ray_cluster_network_plan(
+    inventory, cluster, found, host, backend="auto", port=0, unformed="fail", firewalls=None, forks=None
+):
     """This host's part of the cluster's all-reduce. inventory: [{host, cluster}] in inventory order; found: {host:
     the settings its root-owned ray.env holds} for every host of the play that read it. The head (as
     playbooks/cluster.yml formed the cluster) is rank 0 and the meeting point, the other members follow in inventory
     order. unformed: skip measures nothing (skipped says why) where no member holds this cluster's ray.env yet (qualify
     before the first playbooks/cluster.yml), fail refuses it. firewalls: {host: its firewall file (root's)}; the
-    head's must name the port, so that the meeting point is reachable from the members only. {measure, rank, world,
-    members, head, address, port, iface, backend, skipped, error}."""
+    head's must name the port, so that the meeting point is reachable from the members only. forks: Ansible's
+    (ansible_forks), which must start every member at once. {measure, rank, world, members, head, address, port,
+    iface, backend, skipped, error}."""
     members = [m["host"] for m in inventory if m.get("cluster") == cluster]
     plan = {"cluster": cluster, "measure": False, "members": members, "world": len(members), "port": int(port)}
     plan.update({"rank": 0, "head": "", "address": "", "iface": "", "backend": "", "skipped": "", "error": ""})
@@ -57,6 +60,13 @@ def ray_cluster_network_plan(inventory, cluster, found, host, backend="auto", po
 
     if host not in members:
         return refuse(f"{host} is no member (members: {_hosts(members) or 'none'})")
+    # Ansible runs a task on at most `forks` hosts at once: the ranks past it would start only after the first ones
+    # gave up waiting for them.
+    if forks is not None and len(members) > int(forks):
+        return refuse(
+            f"its {len(members)} members are more than Ansible runs at once (forks {forks}), and the all-reduce "
+            f"needs every member at once: run with --forks {len(members)} or more (ansible.cfg: forks)"
+        )
     missing = [m for m in members if m not in found]
     if missing:
         return refuse(

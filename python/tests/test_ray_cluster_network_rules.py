@@ -124,6 +124,17 @@ def test_no_firewall_file_on_the_head_is_refused():
     assert "the firewall of the head b" in plan["error"]
 
 
+@pytest.mark.parametrize(("forks", "refused"), [(None, False), (3, False), (20, False), (2, True)])
+def test_a_cluster_larger_than_ansible_s_forks_is_refused_before_any_member_waits(forks, refused):
+    plan = RULES.ray_cluster_network_plan(INVENTORY, "c1", FOUND, "a", "auto", 6385, "fail", None, forks)
+    assert plan["error"] == (
+        "a: cluster c1: its 3 members are more than Ansible runs at once (forks 2), and the all-reduce needs every "
+        "member at once: run with --forks 3 or more (ansible.cfg: forks). The all-reduce measured nothing"
+        if refused
+        else ""
+    )
+
+
 def test_a_host_of_no_cluster_is_refused():
     assert "x is no member (members: a, b, c)" in plan_for("x")["error"]
 
