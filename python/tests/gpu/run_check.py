@@ -43,8 +43,9 @@ sweep = importlib.import_module("sweep")
 
 OWNER = "p40fleet"
 ROOT = pathlib.Path("/srv/gpu-check")
-# The runs' consoles (main sets it under --out).
-LOG_DIR: pathlib.Path | None = None
+# The runs' consoles, in a directory root made (main moves it under --out): never the owner's home, where root
+# would open a path the owner could have replaced.
+LOG_DIR = ROOT / "logs"
 # The fixed inputs the bundle rendered with (tests/launch_render.py INPUTS); replaced here, nothing else is.
 RENDER_PYTHON = "/opt/miniconda3/envs/verl-env/bin/python"
 RENDER_PREFIX = "/opt/miniconda3/envs/verl-env"
@@ -278,7 +279,7 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
         ]
         start = time.monotonic()
         # The console goes to a file under --out as it comes: a call cut off at its time limit still brings it back.
-        log_path = LOG_DIR / f"{name}-{label}.log" if LOG_DIR else script.parent / f"{label}.log"
+        log_path = LOG_DIR / f"{name}-{label}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log_file:
             done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(script.parent))
