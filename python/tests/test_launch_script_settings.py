@@ -38,6 +38,7 @@ INPUTS = {
         "use_remove_padding",
         "val_batch_size",
         "save_freq",
+        "test_freq",
         "train_rows",
         "train_batch_size",
         "allow_refused_tier",
@@ -67,8 +68,8 @@ def test_the_filter_reads_every_variable_vars_main_passes():
 
 # (profile, variables, expected settings): empty variables take the tier's and the profile's values.
 ROWS = [
-    # A 1x P40 (24 GB tier, fp32): the tier's micro batches; one GPU offloads the critic's parameters, never the
-    # actor's under hf; one checkpoint an epoch (7473 // 256); validation in one generate call.
+    # A 1x P40 (24 GB tier, fp32): the tier's micro batches (the sweep's winner); the critic on the GPU, the actor
+    # too under hf; one checkpoint and one validation an epoch (7473 // 256); validation in one generate call.
     (
         P40,
         {},
@@ -76,10 +77,10 @@ ROWS = [
             "gpus": 1,
             "world_size": 1,
             "visible_devices": "0",
-            "micro": 4,
-            "log_prob_micro": 8,
-            "rollout_micro": 64,
-            "param_offload": True,
+            "micro": 8,
+            "log_prob_micro": 16,
+            "rollout_micro": 256,
+            "param_offload": False,
             "actor_param_offload": False,
             "optimizer_offload": True,
             "gpu_memory_utilization": 0.5,
@@ -88,9 +89,10 @@ ROWS = [
             "param_dtype": "fp32",
             "use_torch_compile": False,
             "use_remove_padding": False,
-            "val_batch_size": 64,
+            "val_batch_size": 256,
             "save_freq": 29,
-            "smoke_batch": 8,
+            "test_freq": 29,
+            "smoke_batch": 16,
             "tier_refusal": "",
             "problems": [],
         },
@@ -99,12 +101,13 @@ ROWS = [
     (
         P40X2,
         {},
-        {"gpus": 2, "visible_devices": "0,1", "param_offload": False, "val_batch_size": 128, "smoke_batch": 16},
+        {"gpus": 2, "visible_devices": "0,1", "param_offload": False, "val_batch_size": 512, "smoke_batch": 32},
     ),
     # Two nodes of two GPUs: the world is four.
-    (P40X2, {"nnodes": 2}, {"world_size": 4, "param_offload": False, "val_batch_size": 256, "smoke_batch": 32}),
-    # The single-GPU rule can be switched off, and an explicit false wins over it.
-    (P40, {"single_gpu_param_offload": False}, {"param_offload": False}),
+    (P40X2, {"nnodes": 2}, {"world_size": 4, "param_offload": False, "val_batch_size": 1024, "smoke_batch": 64}),
+    # The single-GPU rule can be switched on, and an explicit false wins over it.
+    (P40, {"single_gpu_param_offload": True}, {"param_offload": True, "actor_param_offload": False}),
+    (P40, {"single_gpu_param_offload": True, "param_offload": False}, {"param_offload": False}),
     (P40, {"param_offload": False}, {"param_offload": False, "actor_param_offload": False}),
     (P40, {"param_offload": "false"}, {"param_offload": False}),
     # Offload asked explicitly reaches the actor only under an engine that reloads it.
@@ -149,8 +152,15 @@ ROWS = [
     # sequences only where the profile attends with FlashAttention-2 (no profile does on this stack, docs/facts.md).
     (A100, {}, {"param_dtype": "bf16", "use_remove_padding": False, "micro": 8, "optimizer_offload": False}),
     ({**A100, "attn_implementation": "flash_attention_2"}, {}, {"use_remove_padding": True}),
-    # A save every step at least, whatever the split's size.
-    (P40, {"train_rows": 100, "train_batch_size": 512}, {"save_freq": 1}),
+    # A save and a validation every step at least, whatever the split's size; -1 is verl's "never validate".
+    (P40, {"train_rows": 100, "train_batch_size": 512}, {"save_freq": 1, "test_freq": 1}),
+    (P40, {"test_freq": 10}, {"test_freq": 10, "save_freq": 29}),
+    (P40, {"test_freq": "-1"}, {"test_freq": -1, "problems": []}),
+    (
+        P40,
+        {"test_freq": "-2"},
+        {"problems": ["launch_script_test_freq is '-2': a whole number >= 0 wanted (or -1: never)"]},
+    ),
     # Tiers that cannot train say why, unless the switch renders them on purpose.
     (P4, {"allow_refused_tier": True}, {"tier_refusal": "", "micro": 1, "rollout_micro": 8}),
     # A profile without a tier takes the smallest batches and offloads.
