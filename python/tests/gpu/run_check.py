@@ -210,8 +210,10 @@ def install_case(
     data: pathlib.Path = ROOT / "data",
     model: pathlib.Path = ROOT / "model",
     label: str = "",
+    source: str = "",
 ) -> pathlib.Path:
     """The case's rendered files in the owner's home, with only the published paths replaced."""
+    name = source or name
     dest = home / (label or name)
     if dest.exists():
         shutil.rmtree(dest)
@@ -352,6 +354,14 @@ def run_sweep(args, manifest: dict, home: pathlib.Path, name: str) -> dict:
     return out
 
 
+def learn_entry(entry: str) -> tuple[str, str, list[str]]:
+    """`[LABEL=]CASE[;OVERRIDE...]`: a run of the learning proof, and overrides passed after the proof's schedule (a
+    variant tried beside the proof: its record goes to docs/gpu-runs/candidates/, never the proof's)."""
+    head, *extra = entry.split(";")
+    label, _, case = head.rpartition("=")
+    return label or case, case, extra
+
+
 def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], index: int) -> dict:
     """The learning proof (tests/gpu/learning.py): warm start, then each rendering trains it, side by side."""
     helper = smoke_helper()
@@ -368,16 +378,20 @@ def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], ind
         convert(args.bundle, raw, {"train": files["sft"], "test": files["test"]}, base / "sft")
         (base / "data" / "sft.parquet").write_bytes((base / "sft" / "train.parquet").read_bytes())
         # verl's own GSM8K rule scores the warm start, as it scores the runs (a file of plain Python: no verl import).
-        rule = ROOT / manifest["cases"][learn[0]]["verl_tree"] / "verl" / "utils" / "reward_score" / "gsm8k.py"
+        entries = [learn_entry(e) for e in learn]
+        rule = ROOT / manifest["cases"][entries[0][1]]["verl_tree"] / "verl" / "utils" / "reward_score" / "gsm8k.py"
         spec = importlib.util.spec_from_file_location("gsm8k_rule", rule)
         gsm8k = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(gsm8k)
-        out["warm_start"] = learning.warm_start(base / "data", base / "model", CHAT_TEMPLATE, gsm8k.compute_score, log)
+        low, high, seed = (float(v) for v in args.learn_warm.split(",")) if args.learn_warm else (None, None, 0)
+        out["warm_start"] = learning.warm_start(
+            base / "data", base / "model", CHAT_TEMPLATE, gsm8k.compute_score, log, low, high, int(seed)
+        )
         sh("chmod", "-R", "a+rX", str(base))
         jobs = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(learn)) as pool:
-            for offset, name in enumerate(learn):
-                case = manifest["cases"][name]
+            for offset, (name, case_name, extra) in enumerate(entries):
+                case = manifest["cases"][case_name]
                 script = install_case(
                     args.bundle,
                     name,
@@ -387,14 +401,16 @@ def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], ind
                     base / "data",
                     base / "model",
                     f"learn-{name}",
+                    source=case_name,
                 )
-                plan = [("learn", learning.SCHEDULE)]
+                plan = [("learn", learning.SCHEDULE + extra)]
                 jobs[name] = pool.submit(run_plan, f"learn-{name}", case, script, index + 1 + offset, args.site, plan)
             runs = {name: job.result()["learn"] for name, job in jobs.items()}
         out["runs"] = {}
-        for name, run in runs.items():
-            case = manifest["cases"][name]
+        for name, case_name, extra in entries:
+            run, case = runs[name], manifest["cases"][case_name]
             out["runs"][name] = {
+                **({"case": case_name, "extra_overrides": extra} if (name, extra) != (case_name, []) else {}),
                 "rc": run["rc"],
                 "wall_seconds": run["wall_seconds"],
                 "profile": case["profile"],
@@ -425,7 +441,10 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke-steps", type=int)
     parser.add_argument("--full-steps", type=int)
     parser.add_argument("--site", default=os.environ.get("P40FLEET_GPU_SITE", "/tmp/site"))
-    parser.add_argument("--learn", default="", help="CASE,REFERENCE: the learning proof's two renderings")
+    parser.add_argument(
+        "--learn", default="", help="CASE,REFERENCE[,LABEL=CASE;OVERRIDE...]: the learning proof's renderings"
+    )
+    parser.add_argument("--learn-warm", default="", help="LOW,HIGH,SEED: the warm start's band and seed")
     parser.add_argument("--sweep", default="", help="CASE: the step-time sweep, alone on the GPU (no other case)")
     parser.add_argument("--sweep-only", default="", help="a,b: only these sweep configurations")
     args = parser.parse_args(argv)
@@ -449,7 +468,7 @@ def main(argv=None) -> int:
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
     # Before the data, the model or any case is made: the trainer runs `python -m verl.trainer.main_ppo` with the
     # case's verl_tree first on PYTHONPATH, so the package must be right under it.
-    for name in wanted + learn + ([args.sweep] if args.sweep else []):
+    for name in wanted + [learn_entry(e)[1] for e in learn] + ([args.sweep] if args.sweep else []):
         case = manifest["cases"][name]
         if not case["refused"] and not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
             raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
