@@ -118,10 +118,11 @@ def test_refused_records_carry_today_s_reason(records, today):
 
 def test_the_learning_record_is_of_today_s_renderings_and_shows_learning(today, tmp_path_factory):
     """docs/gpu-runs/learning/p40-1x.json (tests/gpu/learning.py): the P40 rendering as it is today trained a model
-    that scores, and greedy validation rose by at least 10 points within 100 steps; the bf16 reference beside it."""
+    that scores, and greedy validation rose by at least 10 points within 100 steps, from two warm starts; the bf16
+    reference beside it."""
     runs = LEARNING["runs"]
     assert set(runs) == {"p40-1x", LEARNING["reference"]} and LEARNING["reference"] == "a100-1x"
-    assert LEARNING["data"]["validation_rows"] >= 200 and LEARNING["steps"] <= 100
+    assert LEARNING["data"]["validation_rows"] >= 500 and LEARNING["steps"] <= 100
     warm = LEARNING["warm_start"]["greedy_accuracy"]
     assert 0.10 <= warm <= 0.60
     made = patched_verl(profiles_of(runs), tmp_path_factory.mktemp("learning-patched"))
@@ -135,16 +136,31 @@ def test_the_learning_record_is_of_today_s_renderings_and_shows_learning(today, 
     p40 = runs["p40-1x"]
     assert (p40["dtype"], p40["memory_cap_gib"], p40["tf32"]) == ("float32", 23, False)
     assert runs["a100-1x"]["dtype"] == "bfloat16"
+    assert_rose(runs, warm, LEARNING["steps"])
+    # From a second warm start too (another seed, the same band): one warm start is no proof that the schedule lifts
+    # a model; the H100's warm starts at 15% stayed flat under the first schedule (docs/gpu-sweep.md).
+    assert LEARNING["repeats"], "the learning proof from one warm start only"
+    for repeat in LEARNING["repeats"]:
+        assert repeat["warm_start"]["seed"] != LEARNING["warm_start"]["seed"]
+        assert {n: r["overrides_digest"] for n, r in repeat["runs"].items()} == {
+            n: r["overrides_digest"] for n, r in runs.items()
+        }
+        assert_rose(repeat["runs"], repeat["warm_start"]["greedy_accuracy"], LEARNING["steps"])
+
+
+def assert_rose(runs: dict, warm: float, steps: int) -> None:
+    """Greedy validation of the P40 run rose by at least 10 points within the steps, and its last three evaluations
+    average 5 points over the start (over 2 standard deviations at 512 rows); the reference's are above its start."""
+    p40 = runs["p40-1x"]
+    assert p40["curves"]["steps_done"] == steps
     val = {int(step): score for step, score in p40["curves"]["validation"].items()}
     assert 0 in val and len(val) >= 10, val
     # Validation before step 1 scored the warm start (the same greedy rule on the same rows).
     assert abs(val[0] - warm) <= 0.02
     assert max(val.values()) - val[0] >= 0.10, val
-    # Not one lucky evaluation: the last three average well above the start (2 standard deviations at 256 rows).
     last = [val[s] for s in sorted(val)[-3:]]
     assert sum(last) / 3 - val[0] >= 0.05, val
     for key in ("critic/score/mean", "actor/ppo_kl", "critic/vf_explained_var", "response_length/clip_ratio"):
-        assert len(p40["curves"]["train"][key]) == LEARNING["steps"], key
-    # The reference moved the same way: its last three evaluations are above its start too.
+        assert len(p40["curves"]["train"][key]) == steps, key
     ref = {int(step): score for step, score in runs["a100-1x"]["curves"]["validation"].items()}
     assert sum(ref[s] for s in sorted(ref)[-3:]) / 3 > ref[0]

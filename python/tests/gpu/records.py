@@ -114,17 +114,16 @@ def record(name: str, today, results: dict, manifest: dict) -> dict:
     return entry
 
 
-def learning_record(results: dict, manifest: dict) -> dict:
-    """docs/gpu-runs/learning/<case>.json: the warm start, the schedule, and each rendering's curves."""
-    import learning  # tests/gpu/learning.py, beside this file
-
+def learning_runs(results: dict, manifest: dict) -> tuple[dict, dict]:
+    """The proof's two runs, and the runs beside them on the same warm start (other renderings or variants)."""
     found = results["learning"]
     if not found.get("ok"):
         raise SystemExit(f"gpu records: the learning proof did not run through: {found.get('error', found)}")
     runs, beside = {}, {}
     for name, run in found["runs"].items():
-        ran = manifest["cases"][name]
+        ran = manifest["cases"][run.get("case", name)]
         runs[name] = {
+            **({"case": run["case"], "extra_overrides": run["extra_overrides"]} if "case" in run else {}),
             "profile": run["profile"],
             "dtype": run["dtype"],
             "memory_cap_gib": run["cap_gib"],
@@ -137,6 +136,28 @@ def learning_record(results: dict, manifest: dict) -> dict:
         }
         if name not in ("p40-1x", "a100-1x"):
             beside[name] = runs.pop(name)
+    return runs, beside
+
+
+def learning_record(results: dict, manifest: dict, repeats: list[dict] = ()) -> dict:
+    """docs/gpu-runs/learning/<case>.json: the warm start, the schedule, and each rendering's curves; repeats: the
+    same proof from other warm starts (run_check.py --learn-warm), each with its own warm start and runs."""
+    import learning  # tests/gpu/learning.py, beside this file
+
+    found = results["learning"]
+    runs, beside = learning_runs(results, manifest)
+    again = []
+    for other in repeats:
+        other_runs, other_beside = learning_runs(other, manifest)
+        again.append(
+            {
+                "date": other["finished"],
+                "gpu": other["machine"]["gpu"],
+                "warm_start": other["learning"]["warm_start"],
+                "runs": other_runs,
+                "beside": other_beside,
+            }
+        )
     return {
         "proves": (
             "A model that scores gets better under the launch script as rendered: the P40 rendering (fp32, the "
@@ -164,8 +185,10 @@ def learning_record(results: dict, manifest: dict) -> dict:
         "steps": learning.STEPS,
         "reference": "a100-1x",
         "runs": runs,
-        # Renderings run beside the proof on the same warm start (tests/gpu/cases.py says why each).
+        # Renderings or variants run beside the proof on the same warm start (their extra overrides named).
         "beside": beside,
+        # The same proof from other warm starts: one warm start is no proof that the schedule lifts any model.
+        "repeats": again,
     }
 
 
@@ -230,6 +253,13 @@ def main(argv=None) -> int:
     parser.add_argument("--manifest", type=Path, required=True)
     parser.add_argument("--cases", default="")
     parser.add_argument("--add", action="store_true", help="sweep: keep the record's earlier runs, add this one")
+    parser.add_argument(
+        "--learning-repeat",
+        type=Path,
+        action="append",
+        default=[],
+        help="results.json of the proof from another warm start",
+    )
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
     manifest = json.loads(args.manifest.read_text())
@@ -252,7 +282,8 @@ def main(argv=None) -> int:
         print(f"{name}: {entry['status']}")
     if "learning" in results:
         sys.path.insert(0, str(Path(__file__).parent))
-        found = learning_record(results, manifest)
+        repeats = [json.loads(path.read_text()) for path in args.learning_repeat]
+        found = learning_record(results, manifest, repeats)
         (LEARNING / "p40-1x.json").parent.mkdir(parents=True, exist_ok=True)
         (LEARNING / "p40-1x.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         print(f"learning: {LEARNING / 'p40-1x.json'}")
