@@ -42,13 +42,6 @@ def test_each_run_ran_the_rendering_of_its_time_and_says_what_fits():
         assert not set(run["not_run"]) & set(configs)
 
 
-# Expected to fail until the defaults move: the winner's rendering passed its smoke and full-batch check on a GPU, but
-# the learning proof run beside it did not rise (nor did its bf16 reference), so its learning record is not made yet
-# (docs/gpu-sweep.md). strict: once the defaults are the winner, this passes and the mark must go.
-@pytest.mark.xfail(
-    strict=True,
-    reason="P40 defaults not yet moved to the sweep's winner: no learning record of that rendering (docs/gpu-sweep.md)",
-)
 def test_today_s_p40_rendering_is_a_swept_configuration_within_ten_percent_of_the_fastest(rendered):
     """Compared within each run that ran it (one machine, one call): never across machines."""
     runs = [run for run in RECORD["runs"] if any(f["effective_overrides"] == rendered for f in run["configs"].values())]
