@@ -26,8 +26,8 @@ CARDS = [
     (r"H200", {"name": "H200 (SXM)", "fp32": 67.0, "fp16": 989.0, "bandwidth": 4800}),
     (r"H100", {"name": "H100 (SXM)", "fp32": 67.0, "fp16": 989.0, "bandwidth": 3350}),
 ]
-# The card the records ran on (docs/gpu-runs/*.json: "gpu": "NVIDIA H200", TF32 off for fp32 profiles).
-CALIBRATION_CARD = "H200"
+# The card the P40 record ran on (docs/gpu-runs/p40-1x.json: "gpu": "NVIDIA H100 80GB HBM3", the SXM card; TF32 off).
+CALIBRATION_CARD = "H100"
 
 # Model shapes by the model directory's name: Qwen2.5-0.5B-Instruct's config.json (Hugging Face model card); the
 # parameter count is the GPU record's (docs/gpu-runs/p40-1x.json, model.parameters). Embeddings are tied.
@@ -43,17 +43,17 @@ MODELS = {
     },
 }
 
-# Efficiencies calibrated by `calibrate` on docs/gpu-runs/p40-1x.json (fp32, TF32 off, H200): the share of the
+# Efficiencies calibrated by `calibrate` on docs/gpu-runs/p40-1x.json (fp32, TF32 off, H100): the share of the
 # card's fp32 rate each training phase reached, the share of its bandwidth a decode step's traffic reached, and the
 # host's time per decode step that neither explains (kernel launches and Python in HF generate), assumed the same
 # on every host.
 EFFICIENCY = {
-    "old_log_prob": 0.441,
-    "values": 0.395,
-    "update_critic": 0.275,
-    "update_actor": 0.325,
+    "old_log_prob": 0.526,
+    "values": 0.538,
+    "update_critic": 0.353,
+    "update_actor": 0.413,
 }
-DECODE = {"memory_efficiency": 0.31, "host_seconds": 0.0200}
+DECODE = {"memory_efficiency": 0.751, "host_seconds": 0.0176}
 BYTES_PER_PARAMETER = 4
 PPO_EPOCHS = 1
 
@@ -226,7 +226,7 @@ def launch_script_estimate(profile, settings, run):
         parts = ", ".join(f"{k} {v:.0f} s" for k, v in phases.items())
         lines += [
             f"estimate for {world}x {card['name']}, from a cost model on its datasheet's fp32 rate and bandwidth "
-            f"calibrated on an H200 (docs/estimate.md): {step / 60:.1f} minutes a step ({parts}), "
+            f"calibrated on an {CALIBRATION_CARD} (docs/estimate.md): {step / 60:.1f} minutes a step ({parts}), "
             f"{validation / 60:.1f} minutes a validation, {_duration(total)} in all",
             "a smoke run (--smoke) measures this host's seconds per step, and p40fleet report then shows that instead",
         ]

@@ -18,18 +18,18 @@ ROLE = REPO_ROOT / "roles" / "launch_script"
 ESTIMATE = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script_estimate.py", "launch_script_estimate_filters")
 SETTINGS = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_script_estimate_settings")
 RECORD = json.loads((REPO_ROOT / "docs" / "gpu-runs" / "p40-1x.json").read_text())
-# The rendering the record ran (the role's defaults on a 1x P40: batch 256, prompts padded to 512, 256 response
-# tokens, 64 prompts a generate call; --smoke's batch is two micro batches of 4).
-SHAPE = {"batch": 256, "smoke_batch": 8, "prompt": 512, "response": 256, "rollout_micro": 64}
+# The rendering the record ran (the role's defaults on a 1x P40: batch 256, prompts padded to 256, 256 response
+# tokens, 256 prompts a generate call; --smoke's batch is two micro batches of 8).
+SHAPE = {"batch": 256, "smoke_batch": 16, "prompt": 256, "response": 256, "rollout_micro": 256}
 MODEL_PATH = "/srv/models/Qwen2.5-0.5B-Instruct"
 RUN = {
     "train_batch_size": 256,
-    "max_prompt_length": 512,
+    "max_prompt_length": 256,
     "max_response_length": 256,
     "total_epochs": 15,
     "train_rows": 7473,
     "test_rows": 1319,
-    "test_freq": 10,
+    "test_freq": 29,
     "checkpoints_kept": 2,
     "model_path": MODEL_PATH,
 }
@@ -42,7 +42,7 @@ def estimate(profile=P40, run=None, **inputs):
 
 
 def test_the_constants_are_the_calibration_on_the_record():
-    assert RECORD["gpu"] == "NVIDIA H200" and RECORD["dtype"] == "float32" and RECORD["tf32"] is False
+    assert RECORD["gpu"] == "NVIDIA H100 80GB HBM3" and RECORD["dtype"] == "float32" and RECORD["tf32"] is False
     assert RECORD["model"]["parameters"] == ESTIMATE.MODELS["Qwen2.5-0.5B-Instruct"]["parameters"]
     fitted = ESTIMATE.calibrate(RECORD, SHAPE)
     constants = {**ESTIMATE.EFFICIENCY, **ESTIMATE.DECODE}
@@ -74,6 +74,7 @@ def test_the_model_gives_back_the_record_s_phases_on_the_calibration_card():
         ("Tesla V100-SXM2-32GB", "Tesla V100 (SXM2)", 15.7, 125.0, 900),
         ("NVIDIA A100-SXM4-40GB", "A100 (40 GB)", 19.5, 312.0, 1555),
         ("NVIDIA H200", "H200 (SXM)", 67.0, 989.0, 4800),
+        ("NVIDIA H100 80GB HBM3", "H100 (SXM)", 67.0, 989.0, 3350),
     ],
 )
 def test_the_datasheet_table(gpu_name, name, fp32, fp16, bandwidth):
@@ -87,9 +88,9 @@ def test_an_unknown_card_has_no_figures():
 @pytest.mark.parametrize(
     ("run", "inputs", "expected"),
     [
-        # The defaults: 15 epochs of 29 steps, validation before step 1, every 10 steps and at the last.
-        ({}, {}, {"steps": 435, "validations": 45, "saves": 15, "kept": 2, "checkpoint_gib": 11.0, "disk_gib": 22.1}),
-        ({"test_freq": 29}, {}, {"validations": 16}),
+        # The defaults: 15 epochs of 29 steps, validation before step 1 and once an epoch (the last step is one).
+        ({}, {}, {"steps": 435, "validations": 16, "saves": 15, "kept": 2, "checkpoint_gib": 11.0, "disk_gib": 22.1}),
+        ({"test_freq": 10}, {}, {"validations": 45}),
         ({"test_freq": -1}, {}, {"validations": 0}),
         ({"total_epochs": 1}, {"save_freq": 10}, {"steps": 29, "saves": 3, "kept": 2}),
         ({"checkpoints_kept": 0}, {}, {"kept": 15, "disk_gib": 165.6}),
@@ -107,7 +108,7 @@ def test_the_default_p40_run_is_estimated_and_called_an_estimate():
     step = one["estimate"]["step_seconds"]
     assert step == pytest.approx(sum(one["estimate"]["phases"].values()), abs=0.5)
     assert one["estimate"]["total_seconds"] == pytest.approx(
-        435 * step + 45 * one["estimate"]["validation_seconds"], rel=0.001
+        435 * step + 16 * one["estimate"]["validation_seconds"], rel=0.001
     )
     text = "\n".join(one["lines"])
     assert text.startswith("schedule: 435 steps") and "estimate for 1x Tesla P40" in text
@@ -116,7 +117,7 @@ def test_the_default_p40_run_is_estimated_and_called_an_estimate():
     two = estimate(profile=preflight_profile("Tesla P40", "6.1", 24576, 2))["estimate"]
     assert two["step_seconds"] == pytest.approx(step / 2, rel=0.05)
     # Shorter padded prompts cost less in every phase.
-    short = estimate(run={"max_prompt_length": 256})["estimate"]
+    short = estimate(run={"max_prompt_length": 128})["estimate"]
     assert all(short["phases"][k] < one["estimate"]["phases"][k] for k in short["phases"])
 
 

@@ -8,17 +8,17 @@ import pytest
 from p40fleet.run_time import run_time
 from tests.test_launch_script_estimate import estimate
 
-DEFAULT = estimate()  # the 1x P40 rendering: 435 steps, 45 validations, the cost model's estimate
+DEFAULT = estimate()  # the 1x P40 rendering: 435 steps, 16 validations, the cost model's estimate
 PLAN, EST = DEFAULT["schedule"], DEFAULT["estimate"]
 PASSED = {"ok": True, "seconds_per_step": 300.0, "schedule": PLAN, "estimate": EST}
 
 
 def test_a_full_batch_smoke_gives_the_measured_step_and_the_run_s_duration():
     line = run_time({**PASSED, "full_batch": True, "batch": 256})
-    total = 435 * 300.0 + 45 * EST["validation_seconds"]
+    total = 435 * 300.0 + 16 * EST["validation_seconds"]
     assert line.startswith("measured 300.0 s a step at the rendered batch (smoke run); the run: 435 steps x 300.0 s")
-    assert f"+ 45 validations x {EST['validation_seconds'] / 60:.1f} minutes (estimated)" in line
-    assert line.endswith(f"= {total / 86400:.1f} days")
+    assert f"+ 16 validations x {EST['validation_seconds'] / 60:.1f} minutes (estimated)" in line
+    assert line.endswith(f"= {total / 3600:.1f} hours")
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,8 @@ def test_a_full_batch_smoke_gives_the_measured_step_and_the_run_s_duration():
         # A tiny-batch smoke's seconds per step are not the run's: the estimate stays, and says what would measure.
         (
             {**PASSED, "full_batch": False, "batch": 8, "seconds_per_step": 13.1},
-            "estimate (docs/estimate.md, not measured): 10.1 minutes a step, 3.7 days for 435 steps and 45 validations",
+            "estimate (docs/estimate.md, not measured): 4.2 minutes a step, 31.7 hours for 435 steps and 16"
+            " validations",
             "the smoke run measured 13.1 s a step at a batch of 8, not the run's batch",
         ),
         # A failed full-batch smoke measured nothing to trust.
