@@ -26,7 +26,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps system-test-deps venv fixtures lint pytest molecule \
-  test test-fast faults demo bench clean lock lock-verl lock-torch lock-cpu-torch gpu-bundle gpu-check gpu-sweep gpu-sweep-record gpu-records
+  test test-fast faults demo bench clean lock lock-verl lock-torch lock-cpu-torch gpu-bundle gpu-check \
+  gpu-learn-repeat gpu-sweep gpu-sweep-record gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -180,6 +181,13 @@ gpu-sweep: gpu-bundle
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_SWEEP_OUT) \
 	  --sweep p40-1x --site $(CURDIR)/.gpu/site
 
+# The learning proof again from a second warm start (another seed), alone; gpu-records keeps it under `repeats`.
+GPU_REPEAT_OUT ?= .runs/gpu-learn-repeat
+gpu-learn-repeat: gpu-bundle
+	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
+	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_REPEAT_OUT) \
+	  --cases none --learn $(GPU_LEARN) --learn-seed 1 --site $(CURDIR)/.gpu/site
+
 # GPU_SWEEP_RECORD_ARGS=--add keeps the record's earlier runs (each run's figures are compared only within it).
 gpu-sweep-record: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_SWEEP_OUT)/results.json \
@@ -187,7 +195,8 @@ gpu-sweep-record: venv
 
 gpu-records: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \
-	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES)
+	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES) \
+	  --learning-repeat $(CURDIR)/$(GPU_REPEAT_OUT)/results.json
 	cp $(GPU_OUT)/learning.png docs/gpu-learning.png
 
 # The CPU venv's torch lock (python/tests/fixtures, for make test only): torch 2.6.0 from PyPI and what it pulls in,

@@ -383,9 +383,9 @@ def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], ind
         spec = importlib.util.spec_from_file_location("gsm8k_rule", rule)
         gsm8k = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(gsm8k)
-        low, high, seed = (float(v) for v in args.learn_warm.split(",")) if args.learn_warm else (None, None, 0)
+        low, high = (float(v) for v in args.learn_warm.split(",")) if args.learn_warm else (None, None)
         out["warm_start"] = learning.warm_start(
-            base / "data", base / "model", CHAT_TEMPLATE, gsm8k.compute_score, log, low, high, int(seed)
+            base / "data", base / "model", CHAT_TEMPLATE, gsm8k.compute_score, log, low, high, args.learn_seed
         )
         sh("chmod", "-R", "a+rX", str(base))
         jobs = {}
@@ -444,7 +444,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--learn", default="", help="CASE,REFERENCE[,LABEL=CASE;OVERRIDE...]: the learning proof's renderings"
     )
-    parser.add_argument("--learn-warm", default="", help="LOW,HIGH,SEED: the warm start's band and seed")
+    parser.add_argument("--learn-warm", default="", help="LOW,HIGH: another band for the warm start (a variant)")
+    parser.add_argument("--learn-seed", type=int, default=0, help="the warm start's seed (the proof's repeat: 1)")
     parser.add_argument("--sweep", default="", help="CASE: the step-time sweep, alone on the GPU (no other case)")
     parser.add_argument("--sweep-only", default="", help="a,b: only these sweep configurations")
     args = parser.parse_args(argv)
