@@ -9,6 +9,7 @@ only from fields of the expected shape; a genuine report keeps the key converged
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -268,3 +269,71 @@ def test_the_env_owner_runs_nothing_of_the_build_and_the_account_is_always_remov
     # The account's directory is root's to make: fresh, 0700, in root's tree.
     made = next(t["fleet_state_path"] for t in tasks if "fleet_state_path" in t)["batch"]
     assert {"path": "{{ apex_build_dir }}", "owner": "{{ apex_build_account }}", "mode": "0700"} in made
+
+
+def apex_tasks():
+    """Every task of the role's task files, blocks opened, with its file's name."""
+
+    def opened(items, name):
+        for task in items or []:
+            yield task, name
+            for key in ("block", "rescue", "always"):
+                yield from opened(task.get(key), name)
+
+    for path in sorted((ROLE / "tasks").glob("*.yml")):
+        yield from opened(yaml.safe_load(path.read_text()), path.name)
+
+
+def test_the_build_runs_root_s_builder_env_never_the_env_s_python_or_torch():
+    # The env's owner can change the env's torch (torch.utils.cpp_extension compiles every extension): nothing the
+    # build account runs, nor its environment, names the env; what Python it runs is the builder env's.
+    account_runs = [
+        (name, task["fleet_state_owner_run"])
+        for task, name in apex_tasks()
+        if task.get("fleet_state_owner_run", {}).get("owner") == "{{ apex_build_account }}"
+    ]
+    assert {name for name, _ in account_runs} == {"build.yml"} and len(account_runs) >= 5
+    for _, run in account_runs:
+        text = yaml.safe_dump(run)
+        assert "conda_env" not in text, text
+    pythons = [run["argv"] for _, run in account_runs if "python" in yaml.safe_dump(run["argv"])]
+    assert len(pythons) == 2  # the torch load check and pip wheel
+    assert pythons[0][0] == "{{ apex_builder_python }}"
+    assert "{{ apex_builder_python | quote }} -I -m pip wheel --no-build-isolation" in pythons[1][2]
+    variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    assert variables["apex_builder_python"] == "{{ apex_builder_prefix }}/bin/python"
+    assert "conda_env" not in variables["apex_build_environment"]
+    assert "apex_builder_prefix ~ '/bin:'" in variables["apex_build_environment"]
+    # The builder env is root's: made by root alone (no account runs anything there), in root's state tree.
+    builder = [task for task, name in apex_tasks() if name == "builder_env.yml"]
+    assert builder and not [t for t in builder if "fleet_state_owner_run" in t or "become_user" in t]
+    # Its Python is checked against the env's pin (conda_env_python_version), never run from the env.
+    assert not re.search(r"conda_env_(python(?!_version)|prefix)", (ROLE / "tasks" / "builder_env.yml").read_text())
+    assert yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["apex_builder_prefix"].startswith(
+        "{{ p40fleet_state_dir }}/"
+    )
+    # Made first in the build's block: the account is removed however it ends.
+    (build,) = [t for t in yaml.safe_load((ROLE / "tasks" / "build.yml").read_text()) if "block" in t]
+    assert build["block"][0]["ansible.builtin.include_tasks"] == "builder_env.yml"
+
+
+def test_the_builder_env_installs_the_torch_lock_from_wheels_with_hashes_as_root():
+    tasks = yaml.safe_load((ROLE / "tasks" / "builder_env.yml").read_text())
+    (made,) = [t for t in tasks if "block" in t]
+    commands = [t["ansible.builtin.command"]["argv"] for t in made["block"] if "ansible.builtin.command" in t]
+    installer, pip_install, _check = commands
+    # The verified installer (artifact_fetch's), batch, into the builder prefix, with a clean environment.
+    assert installer[:2] == ["/usr/bin/env", "-i"]
+    assert installer[-5:] == ["{{ conda_env_installer_path }}", "-b", "-u", "-p", "{{ apex_builder_prefix }}"]
+    for flag in ("'--require-hashes'", "'--no-deps'", "'--only-binary', ':all:'", "pytorch_lock_pip_options"):
+        assert flag in pip_install
+    variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    assert variables["apex_builder_requirements_content"] == (
+        "{{ pytorch_lock_content ~ apex_build_requirements_content }}"
+    )
+    for pin in ("conda_env_installer_sha256", "pytorch_lock_digest", "apex_build_requirements_content"):
+        assert pin in variables["apex_builder_digest"]
+    # The marker is the last thing made: an interrupted builder env has none and is made afresh.
+    assert "fleet_state_path" in made["block"][-1] and made["block"][-1]["fleet_state_path"]["content"] == (
+        "{{ apex_builder_digest }}"
+    )

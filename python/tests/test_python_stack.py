@@ -14,6 +14,8 @@ import hashlib
 import json
 import re
 import shlex
+import shutil
+import zipfile
 
 import pytest
 import yaml
@@ -33,6 +35,8 @@ BUILD_ACCOUNT = "p40fleet-build"
 UP_TO_TORCH = "gpu_preflight,conda_env,pytorch"
 # The stand-in torch's BuildExtension logs each build here on the building host.
 EXTENSION_BUILDS = "/var/tmp/p40fleet-standin-extension-builds.log"
+# Root's own Python and torch the build runs (apex_builder_prefix), on the builder host only.
+BUILDER = "/var/lib/p40fleet/apex-builder"
 APEX_DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "defaults" / "main.yml").read_text())
 APEX_MODULES = APEX_DEFAULTS["apex_cpp_extension_modules"] + APEX_DEFAULTS["apex_cuda_extension_modules"]
 BUILD_TOOLS = dict(line.split(" ", 1)[0].split("==") for line in APEX_DEFAULTS["apex_build_requirements"])
@@ -144,6 +148,15 @@ def test_apex_is_built_once_and_the_same_wheel_is_installed_everywhere(converged
     assert (build["ninja"], build["torch_cuda_arch_list"], build["nvcc_release"]) == (True, "6.1", "11.8")
     assert build["cuda_home"] == CUDA_HOME
     assert build["cc"] == "gcc" and int(build["max_jobs"]) >= 1
+    # Root's builder env's torch, not the env's; it is root's, and on the builder host only.
+    assert build["torch"] == f"{BUILDER}/lib/python3.11/site-packages/torch"
+    assert sh(fleet, "node1", f"stat -c '%U %a' {BUILDER} {BUILDER}/lib", user="root").stdout.split() == [
+        "root",
+        "755",
+        "root",
+        "755",
+    ]
+    assert sh(fleet, "node2", f"test -e {BUILDER}", user="root").returncode == 1
     cached = list(apex_cache.rglob("apex-*.whl"))
     assert len(cached) == 1
     hashes = {h: sh(fleet, h, "sha256sum /var/lib/p40fleet/apex-wheels/*/apex-*.whl").stdout.split()[0] for h in HOSTS}
@@ -251,6 +264,66 @@ def test_apex_built_with_only_the_environment_switches_fails_the_wheel_check(con
     assert [p.parent.name for p in apex_cache.rglob("apex-*.whl")] == [
         json.loads(sh(fleet, "node2", f"cat {ENV}/.p40fleet-apex.json").stdout)["key"]
     ]
+
+
+# Planted by the env owner: whoever imports the env's torch to build Apex writes a trace of its account and adds a
+# module to the wheel it builds (setup.py's directory holds the apex package).
+POISON = """
+import os as _p40fleet_os, pwd as _p40fleet_pwd
+_p40fleet_who = _p40fleet_pwd.getpwuid(_p40fleet_os.getuid()).pw_name
+open(f"/var/tmp/p40fleet-poisoned-{_p40fleet_who}", "a").write(_p40fleet_os.getcwd() + "\\n")
+if _p40fleet_os.path.isfile("setup.py") and _p40fleet_os.path.isdir("apex"):
+    open(_p40fleet_os.path.join("apex", "p40fleet_poisoned.py"), "w").write("POISONED = True\\n")
+"""
+PTH = "import pwd, os; open('/var/tmp/p40fleet-poisoned-pth-' + pwd.getpwuid(os.getuid()).pw_name, 'a').write('x')\n"
+
+
+def test_the_env_owner_s_torch_never_reaches_a_build(converged, fleet, play, apex_cache):
+    """The owner edits the env's torch.utils.cpp_extension (what Apex's setup.py imports to compile every extension)
+    and plants a .pth in the env's site-packages; a new key (arch 7.0) makes node1 build again. The build runs
+    root's builder env: its wheel carries nothing of the edit, and neither the build account nor root ran it."""
+    site = f"{ENV}/lib/python3.11/site-packages"
+    extension = f"{site}/torch/utils/cpp_extension.py"
+    (fleet_key,) = [p.parent.name for p in apex_cache.rglob("apex-*.whl")]
+    traces = "/var/tmp/p40fleet-poisoned-*"
+    owners_traces = [f"/var/tmp/p40fleet-poisoned-{OWNER}", f"/var/tmp/p40fleet-poisoned-pth-{OWNER}"]
+    plant = f"cp -p {extension} {extension}.aside && printf %s {shlex.quote(POISON)} >> {extension}"
+    plant += f" && printf %s {shlex.quote(PTH)} > {site}/p40fleet-poison.pth"
+    try:
+        planted = sh(fleet, "node1", plant)
+        assert planted.returncode == 0, planted.stderr
+        # The poison is live in the env: the owner's own import of it leaves the owner's traces.
+        live = sh(fleet, "node1", f"cd /tmp && {PY} -c 'import torch.utils.cpp_extension'")
+        assert live.returncode == 0, live.stderr
+        assert sorted(sh(fleet, "node1", f"ls {traces}", user="root").stdout.split()) == owners_traces
+        # This build's own log line (the stand-in's log belongs to the first build's account).
+        sh(fleet, "node1", f"mv {EXTENSION_BUILDS} {EXTENSION_BUILDS}.aside", user="root")
+        rebuilt = play(limit="node1", tags="apex", extra_vars={"apex_torch_cuda_arch_list": "7.0"})
+        assert rebuilt.rc == 0, [f"{f.task}: {f.message}" for f in rebuilt.failures]
+        (wheel,) = [p for p in apex_cache.rglob("apex-*.whl") if p.parent.name != fleet_key]
+        with zipfile.ZipFile(wheel) as built:
+            names = built.namelist()
+        assert "amp_C.cpython-311-x86_64-linux-gnu.so" in names
+        assert not [name for name in names if "poison" in name], names
+        build = json.loads(sh(fleet, "node1", f"cat {EXTENSION_BUILDS}", user="root").stdout)
+        assert (build["torch_cuda_arch_list"], build["torch"]) == (
+            "7.0",
+            f"{BUILDER}/lib/python3.11/site-packages/torch",
+        )
+        # Only the owner's own runs (its probe, its install of the new wheel) imported the planted files.
+        assert sorted(sh(fleet, "node1", f"ls {traces}", user="root").stdout.split()) == owners_traces
+        assert BUILD_ACCOUNT not in sh(fleet, "node1", f"cat {traces}", user="root").stdout
+    finally:
+        sh(fleet, "node1", f"test -e {extension}.aside && mv {extension}.aside {extension}; rm -f {site}/*poison*.pth")
+        aside = f"test -e {EXTENSION_BUILDS}.aside && mv {EXTENSION_BUILDS}.aside {EXTENSION_BUILDS}"
+        sh(fleet, "node1", f"rm -f {traces}; {aside}", user="root")
+        for key in {p.name for p in apex_cache.iterdir()} - {fleet_key}:
+            shutil.rmtree(apex_cache / key)
+            sh(fleet, "node1", f"rm -rf /var/lib/p40fleet/apex-wheels/{key}", user="root")
+    # node1 goes back to the fleet's wheel of its own key.
+    again = play(limit="node1", tags="apex")
+    assert again.rc == 0, [f"{f.task}: {f.message}" for f in again.failures]
+    assert json.loads(sh(fleet, "node1", f"cat {ENV}/.p40fleet-apex.json").stdout)["key"] == fleet_key
 
 
 def test_apex_switch_off_skips_the_stage(converged, play):
