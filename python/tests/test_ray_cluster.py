@@ -135,7 +135,7 @@ def wait_for(fleet, expected, timeout=180):
 
 
 def test_three_members_are_refused_with_the_node_counts_that_work(fleet):
-    """verl cannot split the launch script's 256 / mini 64 / micro 4 across three ranks: refused before any Ray node
+    """verl cannot split the launch script's 256 / mini 64 / micro 8 across three ranks: refused before any Ray node
     starts; with ray_cluster_batch_sizes: derive the plan trains with sizes that split (every later test)."""
     result = fleet.cluster()
     assert result.rc != 0
@@ -143,7 +143,7 @@ def test_three_members_are_refused_with_the_node_counts_that_work(fleet):
     assert set(messages) == {"node1", "node2", "node3"}
     refusal = messages["node2"]
     assert "cluster demo (node1, node2, node3): 3 node(s) x 1 GPU(s) = 3 ranks, which verl cannot split" in refusal
-    assert "ppo_mini_batch_size 64 // 3 ranks = 21, not a multiple of ppo_micro_batch_size_per_gpu 4" in refusal
+    assert "ppo_mini_batch_size 64 // 3 ranks = 21, not a multiple of ppo_micro_batch_size_per_gpu 8" in refusal
     assert "Node counts of 1 GPU(s) that train with these batch sizes: 1 (1 ranks), 2 (2 ranks), 4 (4 ranks)" in refusal
     for host in ("node1", "node2", "node3"):
         assert fleet.exec(host, "test -e /etc/systemd/system/p40fleet-ray.service").returncode == 1

@@ -14,8 +14,8 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 RULES = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_batches")
-# The launch script's sizes on a P40 (24 GB tier: micro 4, hf generate calls of 64), the validation batch one
-# generate call per rank.
+# Batch sizes of a P40 launch script (micro 4 and hf generate calls of 64: the 24 GB tier before the sweep), the
+# validation batch one generate call per rank. The table holds the rules, not the defaults.
 P40 = {"train_batch_size": 256, "ppo_mini_batch_size": 64, "ppo_micro_batch_size_per_gpu": 4}
 
 

@@ -2,7 +2,7 @@
 of a planned three-node P40 cluster: its job is the launch script's own overrides rendered for three nodes (the
 same list train_gsm8k_ppo.sh --print shows with launch_script_nnodes 3), then the cluster's, and the whole of it
 composes against verl 0.4.1's Hydra config with the launch script's compose helper. verl cannot split the launch
-script's batch sizes (256, mini 64, micro 4) across three ranks: the plan derives 288 and 72
+script's batch sizes (256, mini 64, micro 8) across three ranks: the plan derives 288 and 72
 (ray_cluster_batch_sizes: derive), which the launch script then renders for three nodes; the default refuses."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_three_ranks_are_refused_by_default_and_the_environment_collision_too(tm
     assert refused.rc != 0
     message = refused.failures[0].message
     assert "cluster demo (head, w1, w2): 3 node(s) x 1 GPU(s) = 3 ranks, which verl cannot split" in message
-    assert "ppo_mini_batch_size 64 // 3 ranks = 21, not a multiple of ppo_micro_batch_size_per_gpu 4" in message
+    assert "ppo_mini_batch_size 64 // 3 ranks = 21, not a multiple of ppo_micro_batch_size_per_gpu 8" in message
     assert "Node counts of 1 GPU(s) that train with these batch sizes: 1 (1 ranks), 2 (2 ranks), 4 (4 ranks)" in message
     assert not (tmp_path / "p40fleet-ray-submit").exists()
     work = tmp_path / "collision"
