@@ -150,6 +150,8 @@ def launch_script_settings(profile, inputs):
     rows = _as_number(inputs.get("train_rows", 0), "train_rows", problems)
     refusals = tier.get("refuse") or {}
     allow_refused = _as_bool(inputs.get("allow_refused_tier", False), "allow_refused_tier", problems)
+    # Steps an epoch: verl's train dataloader drops the last partial batch.
+    epoch_steps = max(1, rows // train_batch) if train_batch else 1
     return {
         "gpus": gpus,
         "world_size": world_size,
@@ -183,10 +185,10 @@ def launch_script_settings(profile, inputs):
         ),
         # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch can't).
         "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
-        # One checkpoint an epoch (verl's train dataloader drops the last partial batch), and one at the last step.
-        "save_freq": pick("save_freq", max(1, rows // train_batch) if train_batch else 1, number),
+        # One checkpoint an epoch, and one at the last step.
+        "save_freq": pick("save_freq", epoch_steps, number),
         # One validation an epoch too (and verl's before step 1 and at the last step).
-        "test_freq": pick("test_freq", max(1, rows // train_batch) if train_batch else 1, _as_freq),
+        "test_freq": pick("test_freq", epoch_steps, _as_freq),
         # --smoke's batch: two micro batches per GPU (verl divides the mini batch by the GPU count and needs it
         # divisible by the micro batch).
         "smoke_batch": 2 * micro * world_size,
