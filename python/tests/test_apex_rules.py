@@ -19,6 +19,7 @@ from ansible.errors import AnsibleFilterError
 
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
+from tests.test_owner_boundary import tasks_of
 
 ROLE = REPO_ROOT / "roles" / "apex"
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "apex.py", "apex_filters")
@@ -273,15 +274,8 @@ def test_the_env_owner_runs_nothing_of_the_build_and_the_account_is_always_remov
 
 def apex_tasks():
     """Every task of the role's task files, blocks opened, with its file's name."""
-
-    def opened(items, name):
-        for task in items or []:
-            yield task, name
-            for key in ("block", "rescue", "always"):
-                yield from opened(task.get(key), name)
-
     for path in sorted((ROLE / "tasks").glob("*.yml")):
-        yield from opened(yaml.safe_load(path.read_text()), path.name)
+        yield from tasks_of(yaml.safe_load(path.read_text()), path.name)
 
 
 def test_the_build_runs_root_s_builder_env_never_the_env_s_python_or_torch():

@@ -141,7 +141,7 @@ def learning_runs(results: dict, manifest: dict) -> tuple[dict, dict]:
 
 def learning_record(results: dict, manifest: dict, repeats: list[dict] = ()) -> dict:
     """docs/gpu-runs/learning/<case>.json: the warm start, the schedule, and each rendering's curves; repeats: the
-    same proof from other warm starts (run_check.py --learn-warm), each with its own warm start and runs."""
+    same proof from other warm starts (run_check.py --learn-seed), each with its own warm start and runs."""
     import learning  # tests/gpu/learning.py, beside this file
 
     found = results["learning"]

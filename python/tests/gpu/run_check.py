@@ -210,10 +210,8 @@ def install_case(
     data: pathlib.Path = ROOT / "data",
     model: pathlib.Path = ROOT / "model",
     label: str = "",
-    source: str = "",
 ) -> pathlib.Path:
     """The case's rendered files in the owner's home, with only the published paths replaced."""
-    name = source or name
     dest = home / (label or name)
     if dest.exists():
         shutil.rmtree(dest)
@@ -356,13 +354,13 @@ def run_sweep(args, manifest: dict, home: pathlib.Path, name: str) -> dict:
 
 def learn_entry(entry: str) -> tuple[str, str, list[str]]:
     """`[LABEL=]CASE[;OVERRIDE...]`: a run of the learning proof, and overrides passed after the proof's schedule (a
-    variant tried beside the proof: its record goes to docs/gpu-runs/candidates/, never the proof's)."""
+    variant tried beside the proof: records.py keeps it under the record's `beside`, never as the proof's run)."""
     head, *extra = entry.split(";")
     label, _, case = head.rpartition("=")
     return label or case, case, extra
 
 
-def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], index: int) -> dict:
+def run_learning(args, manifest: dict, home: pathlib.Path, entries: list[tuple], index: int) -> dict:
     """The learning proof (tests/gpu/learning.py): warm start, then each rendering trains it, side by side."""
     helper = smoke_helper()
 
@@ -378,7 +376,6 @@ def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], ind
         convert(args.bundle, raw, {"train": files["sft"], "test": files["test"]}, base / "sft")
         (base / "data" / "sft.parquet").write_bytes((base / "sft" / "train.parquet").read_bytes())
         # verl's own GSM8K rule scores the warm start, as it scores the runs (a file of plain Python: no verl import).
-        entries = [learn_entry(e) for e in learn]
         rule = ROOT / manifest["cases"][entries[0][1]]["verl_tree"] / "verl" / "utils" / "reward_score" / "gsm8k.py"
         spec = importlib.util.spec_from_file_location("gsm8k_rule", rule)
         gsm8k = importlib.util.module_from_spec(spec)
@@ -389,19 +386,18 @@ def run_learning(args, manifest: dict, home: pathlib.Path, learn: list[str], ind
         )
         sh("chmod", "-R", "a+rX", str(base))
         jobs = {}
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(learn)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(entries)) as pool:
             for offset, (name, case_name, extra) in enumerate(entries):
                 case = manifest["cases"][case_name]
                 script = install_case(
                     args.bundle,
-                    name,
+                    case_name,
                     case,
                     home,
                     manifest["render_root"],
                     base / "data",
                     base / "model",
                     f"learn-{name}",
-                    source=case_name,
                 )
                 plan = [("learn", learning.SCHEDULE + extra)]
                 jobs[name] = pool.submit(run_plan, f"learn-{name}", case, script, index + 1 + offset, args.site, plan)
@@ -451,7 +447,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     global LOG_DIR
     LOG_DIR = args.out / "logs"
-    learn = [c for c in args.learn.split(",") if c]
+    learn = [learn_entry(c) for c in args.learn.split(",") if c]
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     # --cases none: no smoke case (the learning proof alone makes its own data and model).
     wanted = [c for c in args.cases.split(",") if c] or [n for n, c in manifest["cases"].items() if not c["refused"]]
@@ -469,7 +465,7 @@ def main(argv=None) -> int:
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
     # Before the data, the model or any case is made: the trainer runs `python -m verl.trainer.main_ppo` with the
     # case's verl_tree first on PYTHONPATH, so the package must be right under it.
-    for name in wanted + [learn_entry(e)[1] for e in learn] + ([args.sweep] if args.sweep else []):
+    for name in wanted + [case for _, case, _ in learn] + ([args.sweep] if args.sweep else []):
         case = manifest["cases"][name]
         if not case["refused"] and not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
             raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
