@@ -30,6 +30,7 @@ SETTINGS = (
     "gpu_select",
     "no_gpu_compute_cap",
     "compute_cap_by_name",
+    "ecc_inband",
     "profiles",
     "launch_tiers",
     "driver_min_version",

@@ -88,6 +88,41 @@ def disk_shortfalls(found_disks, checks, present=None):
     return shortfalls
 
 
+def ecc_state(gpus: list, inband: list) -> tuple[str, str]:
+    """(state, note) of the chosen GPUs' ECC: on, off, mixed, or "" (no ECC, or not reported). The note says what the
+    state costs and what the other one would give; p40fleet never changes it (a reboot, and the operator's call).
+    inband: GPU names whose ECC lives in their GDDR memory (it keeps 1/16 of the memory and, per NVIDIA's CUDA Best
+    Practices Guide, about 20% of its bandwidth); HBM cards keep it beside the data (docs/facts-gpu.md)."""
+    states = sorted({g.get("ecc", "") for g in gpus})
+    if not gpus or states == [""]:
+        return "", ""
+    name, memory = gpus[0]["name"], min(g["memory_mib"] for g in gpus)
+    in_band = name in inband or re.sub("^NVIDIA ", "", name) in inband
+    pending = sorted({g.get("ecc_pending", "") for g in gpus if g.get("ecc_pending", "") not in ("", g.get("ecc"))})
+    after = f"; ECC is to be {pending[0]} after the next reboot, and the reported memory with it" if pending else ""
+    if len(states) > 1:
+        split = ", ".join(f"GPU {g['index']} {g.get('ecc') or 'n/a'} ({g['memory_mib']} MiB)" for g in gpus)
+        return "mixed", (
+            f"ECC differs between the GPUs ({split}): the launch settings follow the smallest, {memory} MiB; do: set "
+            f"one ECC state on every GPU (nvidia-smi -e, then a reboot){after}"
+        )
+    state = states[0]
+    if not in_band:
+        return state, f"ECC {state}: {name} reports {memory} MiB; its ECC costs no memory (not GDDR){after}"
+    if state == "on":
+        return state, (
+            f"ECC on: {name} reports {memory} MiB; ECC keeps about {memory // 15} MiB (1/16 of the memory) and about "
+            f"20% of its bandwidth. Off (nvidia-smi -e 0 and a reboot: the operator's call, never p40fleet's) it "
+            f"would report about {memory * 16 // 15} MiB; the launch defaults fit either state, so that buys "
+            f"bandwidth, not a larger batch, and memory errors would go uncorrected{after}"
+        )
+    return state, (
+        f"ECC off: {name} reports {memory} MiB; memory errors are neither corrected nor counted. On (the Tesla "
+        f"default) it would report about {memory * 15 // 16} MiB, which the launch defaults also fit, with about 20% "
+        f"less bandwidth{after}"
+    )
+
+
 class Host:
     """What the probe found, read the way the checks need it."""
 
@@ -120,6 +155,7 @@ class Host:
             self.compute_cap_source = "gpu_preflight_no_gpu_compute_cap"
         self.cap_valid = bool(CAP_PATTERN.match(self.compute_cap))
         self.memory_mib = min(g["memory_mib"] for g in self.gpus) if self.has_gpu else 0
+        self.ecc, self.ecc_note = ecc_state(self.gpus if self.has_gpu else [], settings["ecc_inband"])
         self.profile = {}
         if self.cap_valid:
             cap = version(self.compute_cap)
@@ -331,6 +367,8 @@ class Host:
             reasons.append(f"GPU model {name} chosen by gpu_preflight_gpu_select; hidden: {', '.join(hidden)}")
         reasons += list(profile["reasons"])
         reasons.append(f"launch defaults for >= {tier['min_memory_mib']} MiB per GPU ({self.memory_mib} MiB found)")
+        if self.ecc_note:
+            reasons.append(self.ecc_note)
         new_profile = {
             "name": profile["name"],
             "compute_cap": self.compute_cap,
@@ -339,6 +377,7 @@ class Host:
             "gpu_count": count,
             "cuda_visible_devices": ",".join(str(g["index"]) for g in self.gpus) if self.has_gpu else "",
             "memory_mib": self.memory_mib,
+            "ecc": self.ecc,
             "dtype": profile["dtype"],
             "attn_implementation": profile["attn_implementation"],
             "vllm_supported": profile["vllm_supported"],

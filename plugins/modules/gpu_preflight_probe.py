@@ -23,7 +23,18 @@ import sys
 
 # Ansible replaces the placeholder with the task's arguments as JSON (ASCII, quotes escaped: safe in this literal).
 ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
-QUERY_FIELDS = ["index", "name", "compute_cap", "memory.total", "driver_version", "pci.bus_id"]
+# ecc.mode.current/pending: "Enabled", "Disabled", or "[N/A]" where a card has no ECC (GeForce); the reported
+# memory.total already has ECC's share taken off (docs/facts-gpu.md).
+QUERY_FIELDS = [
+    "index",
+    "name",
+    "compute_cap",
+    "memory.total",
+    "driver_version",
+    "pci.bus_id",
+    "ecc.mode.current",
+    "ecc.mode.pending",
+]
 INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 SYSTEM_BIN_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin", "/usr/local/nvidia/bin"]
 NVIDIA_PCI_VENDOR = "0x10de"
@@ -237,6 +248,11 @@ def query_gpus(smi):
     return result
 
 
+def ecc_state(value):
+    """on, off, or "" (no ECC on this card, or a driver that does not say) from an ecc.mode field."""
+    return {"enabled": "on", "disabled": "off"}.get(value.strip().lower(), "")
+
+
 def parse_gpus(fields, out):
     """One dict per GPU from `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`."""
     gpus = []
@@ -253,6 +269,8 @@ def parse_gpus(fields, out):
                 "memory_mib": int(memory) if memory.isdigit() else 0,
                 "driver_version": row.get("driver_version", ""),
                 "pci_bus_id": row.get("pci.bus_id", ""),
+                "ecc": ecc_state(row.get("ecc.mode.current", "")),
+                "ecc_pending": ecc_state(row.get("ecc.mode.pending", "")),
             }
         )
     return gpus

@@ -160,7 +160,9 @@ def cmd_qualify(args: argparse.Namespace) -> int:
 def _record_line(record: fleet.HostRecord) -> str:
     parts = [f"{record.host}: {record.status}"]
     if record.gpu:
-        parts.append(record.gpu)
+        said = (record.gpu_memory_mib and f"{record.gpu_memory_mib} MiB", record.ecc and f"ECC {record.ecc}")
+        memory = ", ".join(v for v in said if v)
+        parts.append(record.gpu + (f" ({memory})" if memory else ""))
     if record.driver:
         about = ", ".join(
             v for v in (record.kernel_module and f"{record.kernel_module} module", record.driver_hold) if v

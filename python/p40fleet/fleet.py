@@ -133,6 +133,9 @@ class HostRecord:
     status: str
     gpu: str | None = None
     gpu_count: int | None = None
+    # Per GPU, as nvidia-smi reports it with the card's ECC state (on, off, mixed; None where the card has none).
+    gpu_memory_mib: int | None = None
+    ecc: str | None = None
     compute_cap: str | None = None
     driver: str | None = None
     # The loaded module's flavor and version as preflight read it ("proprietary 580.95.05").
@@ -266,6 +269,8 @@ def host_record(name: str, saved: dict) -> HostRecord:
     profile = preflight.get("profile") or {}
     record.gpu, record.gpu_count = _gpu_text(preflight)
     record.compute_cap = profile.get("compute_cap")
+    record.gpu_memory_mib = profile.get("memory_mib") or None
+    record.ecc = profile.get("ecc") or None
     record.driver = preflight.get("driver_version") or None
     record.os = preflight.get("os")
     record.profile = profile.get("name")

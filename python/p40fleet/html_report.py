@@ -174,6 +174,10 @@ def _card(host: dict) -> str:
             facts.append(f"{_e(host['kernel_module'])} module")
         if host.get("driver_hold"):
             facts.append(_e(host["driver_hold"]))
+        if host.get("gpu_memory_mib"):
+            facts.append(f"{_e(host['gpu_memory_mib'])} MiB per GPU")
+        if host.get("ecc"):
+            facts.append(f"ECC {_e(host['ecc'])}")
         if host.get("compute_cap"):
             facts.append(f"compute capability {_e(host['compute_cap'])}")
         if host.get("os"):

@@ -138,7 +138,8 @@ ACCEPTED = {
         "torch_cuda_arch_list": "6.1",
         "shared_memory_per_block": 49152,
         "needs_patches": True,
-        "memory_mib": 24576,
+        "memory_mib": 23040,
+        "ecc": "on",
         "cuda_visible_devices": "0",
     },
     "node2": {
@@ -365,7 +366,8 @@ def test_reasons_name_the_choices(first_run):
     node1 = published_facts(first_run, "node1")["gpu_preflight_profile"]["reasons"]
     assert node1[0] == "profile pascal: 1x Tesla P40, compute capability 6.1 (from nvidia-smi) is within 6.0-6.2"
     assert "rollout hf: vLLM requires compute capability 7.0+" in node1
-    assert node1[-1] == "launch defaults for >= 23000 MiB per GPU (24576 MiB found)"
+    assert node1[-2] == "launch defaults for >= 22500 MiB per GPU (23040 MiB found)"
+    assert node1[-1].startswith("ECC on: Tesla P40 reports 23040 MiB; ECC keeps about 1536 MiB")
     node8 = published_facts(first_run, "node8")["gpu_preflight_profile"]["reasons"]
     assert node8[1] == "GPU model Tesla V100-SXM2-32GB chosen by gpu_preflight_gpu_select; hidden: Tesla P40"
 

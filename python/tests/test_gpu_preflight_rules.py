@@ -108,7 +108,8 @@ def test_recorded_os_release_and_gpu_query_are_read():
     os_release = PROBE.parse_os_release(H200_OS_RELEASE)
     assert (os_release["id"], os_release["version_id"], os_release["id_like"]) == ("ubuntu", "24.04", ["debian"])
     output = H200_QUERY.rsplit("rc=", 1)[0].strip()
-    gpus = PROBE.parse_gpus(PROBE.QUERY_FIELDS, output)
+    fields = ["index", "name", "compute_cap", "memory.total", "driver_version", "pci.bus_id"]
+    gpus = PROBE.parse_gpus(fields, output)
     assert gpus == [
         {
             "index": 0,
@@ -117,6 +118,8 @@ def test_recorded_os_release_and_gpu_query_are_read():
             "memory_mib": 143771,
             "driver_version": "580.159.04",
             "pci_bus_id": "00000000:00:06.0",
+            "ecc": "",
+            "ecc_pending": "",
         }
     ]
 
@@ -587,6 +590,7 @@ def settings(host: str, host_vars: dict) -> dict:
         "gpu_select": values["gpu_preflight_gpu_select"],
         "no_gpu_compute_cap": values["gpu_preflight_no_gpu_compute_cap"],
         "compute_cap_by_name": values["gpu_preflight_compute_cap_by_name"],
+        "ecc_inband": values["gpu_preflight_ecc_inband"],
         "profiles": values["gpu_preflight_profiles"],
         "launch_tiers": values["gpu_preflight_launch_tiers"],
         "driver_min_version": values["gpu_preflight_driver_min_version"],
@@ -622,6 +626,9 @@ def sandbox_report(profile_name: str) -> dict:
     for gpu in smi["gpus"]:
         if "compute_cap" in spec.get("missing_fields", []):
             gpu["compute_cap"] = ""
+        # As the probe reads the stand-in's ecc.mode.current and ecc.mode.pending.
+        gpu["ecc"] = PROBE.ecc_state(gpu.get("ecc", "[N/A]"))
+        gpu["ecc_pending"] = PROBE.ecc_state(gpu.pop("ecc_pending", "") or gpu["ecc"] and gpu.get("ecc", ""))
     if spec["driver_version"] is None:
         found.update(nvidia_pci_devices=0, kernel_module_version="", kernel_module={"version": "", "flavor": ""})
         smi.update(path="", rc=None, output="", gpus=[])
@@ -664,6 +671,7 @@ SANDBOX_PROFILES = {
         ],
     ),
     "p40x2": ("accepted", "pascal"),
+    "p40-ecc-off": ("accepted", "pascal"),
     "p4": ("accepted", "pascal"),
     "p100": ("accepted", "pascal"),
     "gtx1080ti": ("accepted", "pascal"),

@@ -26,7 +26,7 @@ def fleet(make_sandbox) -> Sandbox:
 
 def test_hosts_answer_as_their_profiles_say(fleet):
     p40 = fleet.exec("node1", "nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader")
-    assert (p40.returncode, p40.stdout) == (0, "Tesla P40, 6.1, 24576 MiB\n")
+    assert (p40.returncode, p40.stdout) == (0, "Tesla P40, 6.1, 23040 MiB\n")
     upgraded = fleet.exec("node2", "nvidia-smi")
     assert upgraded.returncode == 18
     assert "Failed to initialize NVML: Driver/library version mismatch" in upgraded.stdout
