@@ -2,7 +2,8 @@
 
 The record keeps each sweep run (one machine, one call) apart, and figures are compared only within a run. Today's
 1x P40 rendering must be a configuration of some run (compared key by key, schedule and paths left out); in every run
-that ran it, it must have fit the cap with the margin and be within 10% of that run's fastest fitting configuration.
+that ran it, it must have fit the card's reported total with the whole device's peak (every process, sampled from
+outside: tests/gpu/device_memory.py) and be within 10% of that run's fastest fitting configuration.
 A change of a default that no run covers fails here until the sweep runs again (Makefile `gpu-sweep`, then
 `gpu-sweep-record`, with `--add` to keep the earlier runs)."""
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.gpu import device_memory
 from tests.gpu.cases import CASES
 from tests.gpu.sweep import ATTENTION, effective
 from tests.launch_render import render
@@ -29,16 +31,23 @@ def rendered(tmp_path_factory):
 
 
 def test_each_run_ran_the_rendering_of_its_time_and_says_what_fits():
-    assert RECORD["runs"] and RECORD["margin_gib"] < RECORD["memory_cap_gib"]
+    """Fitting is judged again here from the device samples on record, against the case's card as today's code
+    emulates it: a record that says fits without samples, or of another card, fails."""
+    assert RECORD["runs"] and RECORD["card_total_mib"] == CASES[RECORD["case"]].memory_mib
     for run in RECORD["runs"]:
         configs = run["configs"]
         assert configs["rendered"]["ran"], configs["rendered"].get("error")
+        assert run["card_total_mib"] == RECORD["card_total_mib"]
+        # torch's cap left room for what a process held beside it on that GPU (the probe's working figure).
+        assert run["memory_cap_gib"] * 1024 <= run["card_total_mib"] - run["probe"]["working_mib"]
         for name, figures in configs.items():
-            fits = figures["ran"] and figures["torch_peak_reserved_gib"] <= RECORD["margin_gib"]
-            assert figures["fits"] == fits, name
-            assert figures["fits"] or figures.get("error") or figures["torch_peak_reserved_gib"] > RECORD["margin_gib"]
+            judged = device_memory.budget(figures["device"], RECORD["card_total_mib"], device_memory.EXTRA_CONTEXT_MIB)
+            assert figures["fits"] == (figures["ran"] and judged["fits"]), name
+            if figures["ran"]:
+                assert figures["device"]["samples"] > 10, name
+                assert figures["torch_peak_reserved_gib"] <= run["memory_cap_gib"], name
         fitting = {n: f["seconds_per_step"] for n, f in configs.items() if f["fits"]}
-        assert run["fastest_fitting"] == min(fitting, key=fitting.get)
+        assert run["fastest_fitting"] == (min(fitting, key=fitting.get) if fitting else None)
         assert not set(run["not_run"]) & set(configs)
 
 
@@ -57,7 +66,7 @@ def test_today_s_p40_rendering_is_a_swept_configuration_within_ten_percent_of_th
         (name,) = [n for n, f in run["configs"].items() if f["effective_overrides"] == rendered]
         chosen = run["configs"][name]
         fastest = run["configs"][run["fastest_fitting"]]["seconds_per_step"]
-        assert chosen["fits"], f"{name}: {chosen['torch_peak_reserved_gib']} GiB over the {RECORD['margin_gib']} margin"
+        assert chosen["fits"], f"{name}: the device's peak is over the card's total: {chosen['budget']}"
         assert chosen["seconds_per_step"] <= 1.10 * fastest, (run["date"], name, chosen["seconds_per_step"], fastest)
 
 

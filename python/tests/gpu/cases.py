@@ -1,10 +1,13 @@
-"""The GPU check's cases: which rendering of the launch script is run, under which memory cap.
+"""The GPU check's cases: which rendering of the launch script is run, as which card.
 
 One case per memory tier and precision the launch script renders: the 1x P40 (24 GB tier, fp32), the
-P100 (16 GB tier), the P4 (8 GB tier: refused at render time) and one fp16-capable card, the T4. The cap is the
-card's memory less its CUDA context, set per process with torch.cuda.set_per_process_memory_fraction on the GPU
-machine (tests/gpu/run_check.py): 23 GiB for a P40's 24,576 MiB, 15 for a P100's 16,384, 7 for a P4's 7,680 and
-14 for a T4's 15,360. fp32 profiles run with TF32 off (Pascal has none).
+P100 (16 GB tier), the P4 (8 GB tier: refused at render time) and one fp16-capable card, the T4. A case's card is the
+memory it reports (memory_mib, as nvidia-smi prints it): for the P40 22,888 MiB, the smallest total quoted for one with
+ECC on (real ones print 22,919 or 23,040; docs/facts-gpu.md). The GPU check caps torch at that total less what a
+process holds outside torch's allocator on the GPU machine, measured there before the runs (tests/gpu/device_memory.py,
+run_check.py), and judges each run's whole-device peak against the total. cap_gib is the fixed cap the earlier runs of
+the refused cases ran under (their records keep it: 15 GiB for a P100's 16,384 MiB, 7 for a P4's 7,680 and 14 for a
+T4's 15,360); a case without one is capped from the probe. fp32 profiles run with TF32 off (Pascal has none).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ class Case:
     compute_cap: str
     memory_mib: int
     gpu_count: int
-    cap_gib: int
+    cap_gib: float | None
     # launch_script variables a fleet would set for this rendering (nothing for the profiles as they come).
     variables: dict = field(default_factory=dict)
     why: str = ""
@@ -38,7 +41,7 @@ class Case:
 
 
 CASES = {
-    "p40-1x": Case("Tesla P40", "6.1", 24576, 1, 23),
+    "p40-1x": Case("Tesla P40", "6.1", 22888, 1, None),
     "p100-1x": Case("Tesla P100-PCIE-16GB", "6.0", 16384, 1, 15),
     "p4-1x": Case("Tesla P4", "6.1", 7680, 1, 7),
     # The T4's rendering with the hf rollout, set explicitly: its profile names vLLM, which p40fleet no longer
@@ -54,7 +57,7 @@ CASES = {
         why="the T4's rendering with launch_script_rollout_name=hf (vLLM cannot be carried to the GPU machine)",
     ),
     # Two GPUs of one host: needs a machine with two GPUs.
-    "p40-2x": Case("Tesla P40", "6.1", 24576, 2, 23),
+    "p40-2x": Case("Tesla P40", "6.1", 22888, 2, None),
     # The learning proof's reference (tests/gpu/learning.py): the modern profile, verl's own bf16 autocast, patched
     # only for the attention and the hf rollout. Not a card p40fleet targets: no smoke of its own.
     "a100-1x": Case(

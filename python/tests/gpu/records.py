@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.gpu import device_memory
 from tests.gpu.bundle import patched_sha256s
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
@@ -29,13 +30,11 @@ RECORDS = REPO_ROOT / "docs" / "gpu-runs"
 LEARNING = RECORDS / "learning"
 # The step-time sweep's record (tests/gpu/sweep.py), one per case swept.
 SWEEP = RECORDS / "sweep"
-# The torch reserved peak a configuration may reach to count as fitting, per case: the cap less half a GiB, so that
-# a card's own allocator slack and another process's context never push a host over.
-SWEEP_MARGIN_GIB = {"p40-1x": 22.5}
 
 
-def run_entry(run: dict) -> dict:
+def run_entry(run: dict, card_total_mib: int) -> dict:
     result = run.get("result") or {}
+    device = run.get("device") or {}
     return {
         "argv": run["argv"],
         "rc": run["rc"],
@@ -47,7 +46,10 @@ def run_entry(run: dict) -> dict:
         "wall_seconds": run["wall_seconds"],
         "torch_peak_reserved_gib": result.get("torch_peak_reserved_gib"),
         "torch_peak_allocated_gib": result.get("torch_peak_allocated_gib"),
-        "device_peak_mib": result.get("gpu_peak_mib"),
+        # The whole device through the run, sampled from outside with the run alone on the GPU, and judged against
+        # the emulated card's reported total (tests/gpu/device_memory.py).
+        "device": device,
+        "budget": device_memory.budget(device, card_total_mib, device_memory.EXTRA_CONTEXT_MIB),
         # What the smoke checks beside the steps: validation before step 1, a checkpoint, a resume from it.
         "validated": result.get("validated"),
         "val_score": result.get("val_score"),
@@ -86,11 +88,20 @@ def record(name: str, today, results: dict, manifest: dict) -> dict:
             # them: the patch set's id alone does not change when the role's way of editing does).
             "patched_files": patched_sha256s(ran.get("patch_record") or {}),
             "overrides_digest": ran["overrides_digest"],
-            "memory_cap_gib": ran["cap_gib"],
+            "memory_cap_gib": (results.get("caps_gib") or {}).get(name, ran["cap_gib"]),
+            "card_total_mib": ran["memory_mib"],
+            # What a process held outside torch's allocator on this GPU, measured before the runs: the cap is the
+            # card's total less the working figure.
+            "probe": results.get("probe"),
             "tf32": ran["dtype"] != "float32",
             "model": results["model"],
-            "side_by_side_with": sorted(n for n in results["cases"] if n != name),
-            "runs": {label: run_entry(run) for label, run in runs.items() if isinstance(run, dict) and "rc" in run},
+            # The cases ran one after the other, each alone on the GPU (its device memory is its own).
+            "alone_on_the_gpu": True,
+            "runs": {
+                label: run_entry(run, ran["memory_mib"])
+                for label, run in runs.items()
+                if isinstance(run, dict) and "rc" in run
+            },
         }
         if runs and "refused" not in runs
         else None
@@ -198,13 +209,14 @@ def sweep_run(results: dict) -> dict:
     import sweep  # tests/gpu/sweep.py, beside this file
 
     found = results["sweep"]
-    margin = SWEEP_MARGIN_GIB[found["case"]]
+    card = found["memory_mib"]
     configs = {}
     for config, figures in found["configs"].items():
-        peak = figures.get("torch_peak_reserved_gib")
+        judged = device_memory.budget(figures.get("device") or {}, card, device_memory.EXTRA_CONTEXT_MIB)
         configs[config] = {
             **figures,
-            "fits": bool(figures["ran"] and peak is not None and peak <= margin),
+            "budget": judged,
+            "fits": bool(figures["ran"] and judged["fits"]),
             "effective_overrides": {
                 **sweep.effective(found["base_overrides"] + figures["passed_through"]),
                 sweep.ATTENTION: "sdpa" if config in sweep.TREES else found["attention"],
@@ -218,6 +230,9 @@ def sweep_run(results: dict) -> dict:
         "torch": results["machine"]["torch"],
         "cuda": results["machine"]["cuda"],
         "model": results["model"],
+        "probe": results.get("probe"),
+        "memory_cap_gib": found["cap_gib"],
+        "card_total_mib": card,
         "base_overrides": found["base_overrides"],
         "attention_parity": found.get("attention_parity"),
         "fastest_fitting": min(fitting, key=fitting.get) if fitting else None,
@@ -234,12 +249,16 @@ def sweep_record(results: dict, earlier: dict | None = None) -> dict:
     return {
         "proves": (
             "How long one PPO step of the case's rendering takes on the run's GPU under the card's memory cap with "
-            "TF32 off, for each configuration, and which ones fit the cap with the margin. A ranking holds within "
-            "its run (one machine, one call); a P40's own seconds are the estimate's business, not this record's."
+            "TF32 off, for each configuration, and which ones fit the card's reported total with everything a process "
+            "holds on the device. A ranking holds within its run (one machine, one call); a P40's own seconds are the "
+            "estimate's business, not this record's."
         ),
         "case": name,
-        "memory_cap_gib": found["cap_gib"],
-        "margin_gib": SWEEP_MARGIN_GIB[name],
+        "card_total_mib": found["memory_mib"],
+        "fits_when": (
+            "it ran and the device's peak (every process, sampled from outside, less the GPU machine's extra context) "
+            "is within the card's reported total"
+        ),
         "tf32": False,
         "data": "GSM8K-style rows made by the GPU check (tests/gpu/run_check.py), prompts left-padded by verl",
         "schedule": "one step at the rendered batch sizes, alone on the GPU, a fresh process per configuration",

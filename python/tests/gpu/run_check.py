@@ -6,16 +6,19 @@ bundle's wheels, installed to a directory on PYTHONPATH before this starts). For
   python, the data, the model, the work directory), and nothing else;
 - runs it as an unprivileged account (the script refuses root, as on a host) with `--smoke STEPS` (the tiny batch),
   then `--smoke STEPS --full-batch` (the rendered batch sizes), under a per-process memory cap that emulates the
-  case's card less its CUDA context (sitecustomize.py on PYTHONPATH calls torch.cuda.set_per_process_memory_fraction
-  on first CUDA use, in every process Ray starts), with TF32 off for fp32 profiles (Pascal has none);
+  case's card: its reported total less what the device probe found a process holds outside torch's allocator on
+  this GPU (sitecustomize.py on PYTHONPATH calls torch.cuda.set_per_process_memory_fraction on first CUDA use, in
+  every process Ray starts), with TF32 off for fp32 profiles (Pascal has none);
+- samples every process's device memory through each run (tests/gpu/device_memory.py), which the records judge
+  against the card's reported total;
 - the model is a random-weight Qwen2ForCausalLM of Qwen2.5-0.5B-Instruct's architecture (494M parameters, so memory
   is real; rewards stay 0) with a byte-level BPE tokenizer trained here on the data; the data are GSM8K-style rows
   (question, answer ending "#### N") converted by training_data's own converter (training_data_tool.py).
-Cases run side by side (one local Ray cluster each); each writes the script's own "smoke:" summary. A smoke now
+Cases run one after the other, each alone on the GPU; each writes the script's own "smoke:" summary. A smoke now
 validates before its first step (on a test set of 203 rows, which no validation batch divides), saves at its last
 step and resumes for one more.
 
-With --learn CASE,REFERENCE it also runs the learning proof beside them (tests/gpu/learning.py): a warm-started small
+With --learn CASE,REFERENCE it also runs the learning proof after them (tests/gpu/learning.py): a warm-started small
 model trained for real by CASE's script, and by REFERENCE's as the bf16 reference; learning.json and learning.png.
 
 usage: run_check.py --bundle DIR --out DIR [--cases a,b] [--smoke-steps N] [--full-steps N] [--learn CASE,REF]
@@ -40,6 +43,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 learning = importlib.import_module("learning")
 sweep = importlib.import_module("sweep")
+device_memory = importlib.import_module("device_memory")
 
 OWNER = "p40fleet"
 ROOT = pathlib.Path("/srv/gpu-check")
@@ -281,7 +285,9 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
         # The console goes to a file under --out as it comes: a call cut off at its time limit still brings it back.
         log_path = LOG_DIR / f"{name}-{label}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as log_file:
+        # Every process's device memory through the run (tests/gpu/device_memory.py): the run is alone on the GPU
+        # when its memory is recorded (main runs the cases one after the other, the sweep too).
+        with open(log_path, "w") as log_file, device_memory.Sampler() as sampler:
             done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(script.parent))
         output = log_path.read_text(errors="replace")
         summary = [ln for ln in output.splitlines() if ln.startswith("smoke: ")]
@@ -293,6 +299,7 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
             "summary": summary[-1] if summary else "",
             "result": result[-1] if result else None,
             "log_tail": output.splitlines()[-120:],
+            "device": sampler.result(),
         }
         if label.startswith(("learn", "sweep")):
             runs[label]["log"] = output.splitlines()
@@ -319,12 +326,21 @@ def run_sweep(args, manifest: dict, home: pathlib.Path, name: str) -> dict:
     rendered = sweep.script_overrides(script.read_text())
     model_py = (ROOT / case["verl_tree"] / "verl" / "utils" / "model.py").read_text()
     attention = "eager" if 'attn_implementation="eager"' in model_py else "sdpa"
-    out = {"case": name, "cap_gib": case["cap_gib"], "base_overrides": rendered, "attention": attention, "configs": {}}
-    try:
-        out["attention_parity"] = sweep.attention_parity(str(ROOT / "model"))
-    except Exception as error:  # recorded: the SDPA configuration then runs without a parity on record
-        out["attention_parity"] = {"error": repr(error)[-800:]}
-    print(f"[sweep] attention parity: {json.dumps(out['attention_parity'])}", flush=True)
+    out = {
+        "case": name,
+        "cap_gib": case["cap_gib"],
+        "memory_mib": case["memory_mib"],
+        "base_overrides": rendered,
+        "attention": attention,
+        "configs": {},
+    }
+    # The parity of eager and SDPA attention, where a configuration runs the SDPA tree.
+    if sweep.TREES:
+        try:
+            out["attention_parity"] = sweep.attention_parity(str(ROOT / "model"))
+        except Exception as error:  # recorded: the SDPA configuration then runs without a parity on record
+            out["attention_parity"] = {"error": repr(error)[-800:]}
+        print(f"[sweep] attention parity: {json.dumps(out['attention_parity'])}", flush=True)
     for config, extra in sweep.CONFIGS.items():
         if args.sweep_only and config not in args.sweep_only.split(","):
             continue
@@ -344,9 +360,10 @@ def run_sweep(args, manifest: dict, home: pathlib.Path, name: str) -> dict:
         plan = [(f"sweep-{config}", extra + sweep.schedule(config, checkpoints))]
         run = run_plan(f"sweep-{name}", ran_case, script, 0, args.site, plan)[plan[0][0]]
         figures = sweep.measure(helper.parse_steps(run["log"]), run["rc"], run["log_tail"])
-        figures.update({"passed_through": extra, "wall_seconds": run["wall_seconds"]})
+        figures.update({"passed_through": extra, "wall_seconds": run["wall_seconds"], "device": run["device"]})
         out["configs"][config] = figures
         shown = {k: figures[k] for k in ("rc", "seconds_per_step", "torch_peak_reserved_gib")}
+        shown["device_used_peak_mib"] = run["device"]["device_used_peak_mib"]
         print(f"[sweep] {config}: {json.dumps(shown)}", flush=True)
         (args.out / "sweep-partial.json").write_text(json.dumps(out, indent=1) + "\n")
     return out
@@ -460,6 +477,17 @@ def main(argv=None) -> int:
         "cases": {},
     }
     print(json.dumps(report["machine"]), flush=True)
+    # Before anything else holds the GPU: what a process holds outside torch's allocator here, and from it each
+    # case's cap (its card's reported total less that; tests/gpu/device_memory.py).
+    report["probe"] = device_memory.probe(sys.executable)
+    print(f"device probe: {json.dumps(report['probe'])}", flush=True)
+    outside = report["probe"]["working_mib"]
+    if outside is None:
+        raise SystemExit(f"gpu check: the device probe measured nothing: {report['probe']}")
+    for case in manifest["cases"].values():
+        if case["cap_gib"] is None:
+            case["cap_gib"] = device_memory.cap_gib(case["memory_mib"], outside)
+    report["caps_gib"] = {name: case["cap_gib"] for name, case in manifest["cases"].items()}
     ROOT.mkdir(parents=True, exist_ok=True)
     for part in ("shim", "verl"):
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
@@ -485,26 +513,21 @@ def main(argv=None) -> int:
         ran = [c["ran"] for c in report["sweep"]["configs"].values()]
         print("gpu check: sweep", "PASS" if ran and ran[0] else "FAIL", flush=True)
         return 0 if ran and ran[0] else 1
-    jobs = {}
-    learning_job = None
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted) + 1) as pool:
-        if learn:
-            learning_job = pool.submit(run_learning, args, manifest, home, learn, len(wanted))
-        for index, name in enumerate(wanted):
-            case = manifest["cases"][name]
-            if case["refused"]:
-                report["cases"][name] = {"refused": case["refused"]}
-                continue
-            script = install_case(args.bundle, name, case, home, manifest["render_root"])
-            smoke = args.smoke_steps or case["smoke_steps"]
-            full = args.full_steps if args.full_steps is not None else case["full_steps"]
-            jobs[name] = pool.submit(run_case, name, case, script, index, smoke, full, args.site)
+    # The cases one after the other, each alone on the GPU (their device memory is what the records hold), then the
+    # learning proof (its memory is not recorded; its runs go side by side).
+    for index, name in enumerate(wanted):
+        case = manifest["cases"][name]
+        if case["refused"]:
+            report["cases"][name] = {"refused": case["refused"]}
+            continue
+        script = install_case(args.bundle, name, case, home, manifest["render_root"])
+        smoke = args.smoke_steps or case["smoke_steps"]
+        full = args.full_steps if args.full_steps is not None else case["full_steps"]
+        report["cases"][name] = run_case(name, case, script, index, smoke, full, args.site)
         # Each result as it comes, so a call cut off at its time limit still brings back what finished.
-        for name, job in jobs.items():
-            report["cases"][name] = job.result()
-            (args.out / "results-partial.json").write_text(json.dumps(report, indent=1) + "\n")
-        if learning_job:
-            report["learning"] = learning_job.result()
+        (args.out / "results-partial.json").write_text(json.dumps(report, indent=1) + "\n")
+    if learn:
+        report["learning"] = run_learning(args, manifest, home, learn, len(wanted))
     report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -3,47 +3,35 @@
 Each configuration is the case's rendered script run as a host runs it (not --smoke), with overrides passed through
 on top of the rendering: one PPO step at the rendered batch sizes (256 prompts), no validation, no checkpoint, under
 the case's memory cap with TF32 off. Every configuration runs alone on the GPU, one after the other, in a fresh
-process, so each first step pays the same start-up costs. A configuration fits when its torch reserved peak stays
-under the tier's margin (22.5 GiB for the P40's 23 GiB cap) and it ran to the end.
+process, so each first step pays the same start-up costs, and every process's device memory is sampled through it
+(tests/gpu/device_memory.py). A configuration fits when it ran to the end and the device's peak (every process, CUDA
+contexts, NCCL, less the GPU machine's extra context) stays within the emulated card's reported total: for the P40
+22,888 MiB, the smallest total quoted for one with ECC on (docs/facts-gpu.md).
 
-What the sweep varies (each on top of the one before it, so the winner is a path, not a guess):
-- the prompt length: GSM8K's prompts with Qwen2.5's chat template are far shorter than 512 tokens, and verl
-  left-pads every prompt to data.max_prompt_length (docs/facts.md);
-- the critic's parameter offload (on today for one GPU);
-- the micro batches of the actor, the critic and the log-prob passes;
-- the prompts per HF generate call (the rollout micro batch);
-- gradient checkpointing (on in verl's config for both models).
-- eager against SDPA attention: a patch-time setting (verl_patches), so its configuration runs a copy of the
-  case's patched tree with the attention edit the modern profile makes ("sdpa" for "eager"), after a parity
-  check of the two on this GPU (fp32, TF32 off, left-padded prompts: logits at real tokens within 1e-5).
+What the sweep varies, on top of the rendering (the last sweep's winner under a 24,576 MiB card, whose allocator cap
+left no room for what a process holds beside torch's allocator):
+- the micro batches of the actor, the critic and the log-prob passes (the logits of a 151,936-token vocabulary in
+  fp32 are the largest activations of an update);
+- the prompts per HF generate call (the rollout micro batch: its KV cache);
+- the critic's parameter offload (2 GB of fp32 parameters on the GPU or not).
 
 The record (a sweep folder in docs/gpu-runs/, one file a case; tests.gpu.records) keeps each configuration's
-effective overrides, its seconds per step, the seconds of each phase, tokens per second and peak memory.
-test_gpu_sweep.py holds today's rendering to it: the rendered defaults must be one of the configurations, fit, and
-be within 10% of the fastest one that fits.
+effective overrides, its seconds per step, the seconds of each phase, tokens per second, torch's peaks and the
+device's. test_gpu_sweep.py holds today's rendering to it: the rendered defaults must be one of the configurations,
+fit, and be within 10% of the fastest one that fits.
 """
 
 from __future__ import annotations
 
 # Start from the rendering as it was when the sweep ran (the record keeps its overrides), then change one thing
 # at a time. Names are the record's keys.
-P256 = ["data.max_prompt_length=256", "data.filter_overlong_prompts=True"]
-NO_CRITIC_OFFLOAD = ["critic.model.fsdp_config.param_offload=False"]
-MICRO8 = [
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "critic.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+MICRO4 = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
 ]
-MICRO16 = [
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-    "critic.ppo_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
-]
-ROLLOUT256 = ["actor_rollout_ref.rollout.micro_batch_size=256", "data.val_batch_size=256"]
-NO_CHECKPOINTING = [
-    "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-    "critic.model.enable_gradient_checkpointing=False",
-]
+ROLLOUT128 = ["actor_rollout_ref.rollout.micro_batch_size=128", "data.val_batch_size=128"]
+CRITIC_OFFLOAD = ["critic.model.fsdp_config.param_offload=True"]
 
 # Configurations that run another verl tree: {name: (tree suffix, {file: (old, new)})}.
 SDPA_EDIT = {
@@ -52,19 +40,16 @@ SDPA_EDIT = {
 }
 # The key under which a configuration's attention kernel is compared (a patch-time setting, not an override).
 ATTENTION = "(verl_patches) attn_implementation"
-TREES = {"prompt256-critic-on-gpu-micro8-rollout256-sdpa": ("sdpa", SDPA_EDIT)}
+TREES: dict[str, tuple[str, dict]] = {}
 
-# In the order they run: the rendering, the likely winner and its two variants first, then the steps towards it.
+# In the order they run (a call cut off at its limit keeps the first ones): the rendering, then one change each,
+# the likeliest to fit first.
 CONFIGS = {
     "rendered": [],
-    "prompt256-critic-on-gpu-micro8-rollout256": P256 + NO_CRITIC_OFFLOAD + MICRO8 + ROLLOUT256,
-    "prompt256-critic-on-gpu-micro8-rollout256-no-checkpointing": (
-        P256 + NO_CRITIC_OFFLOAD + MICRO8 + ROLLOUT256 + NO_CHECKPOINTING
-    ),
-    "prompt256-critic-on-gpu-micro8-rollout256-sdpa": P256 + NO_CRITIC_OFFLOAD + MICRO8 + ROLLOUT256,
-    "prompt256-critic-on-gpu": P256 + NO_CRITIC_OFFLOAD,
-    "prompt256-critic-on-gpu-micro8": P256 + NO_CRITIC_OFFLOAD + MICRO8,
-    "prompt256-critic-on-gpu-micro16-rollout256": P256 + NO_CRITIC_OFFLOAD + MICRO16 + ROLLOUT256,
+    "micro4": MICRO4,
+    "rollout128": ROLLOUT128,
+    "critic-offload": CRITIC_OFFLOAD,
+    "micro4-rollout128": MICRO4 + ROLLOUT128,
 }
 
 

@@ -1,0 +1,76 @@
+"""The GPU check's whole-device figures (tests/gpu/device_memory.py), on a CPU: nvidia-smi's answers parsed, peaks
+summed, the cap derived and a run judged against the card's reported total. The answers are in the format the real
+H200 printed (python/tests/fixtures/real-hosts/h200-r580-open.txt: csv, noheader, nounits)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gpu import device_memory as dm
+
+
+def test_process_lists_are_read_and_other_lines_skipped():
+    text = "4242, python3, 21876\n4243, ray::WorkerDict, 1010\n[N/A], [N/A], [N/A]\nNo running processes found\n"
+    assert dm.parse_apps(text) == {"4242": ("python3", 21876), "4243": ("ray::WorkerDict", 1010)}
+    assert dm.parse_apps("") == {}
+
+
+def test_the_device_figure_is_read_for_its_index():
+    assert dm.parse_used("0, 22886\n1, 5\n") == 22886
+    assert dm.parse_used("1, 5\n") is None
+    assert dm.parse_used("0, [N/A]\n") is None
+
+
+def test_peaks_are_each_process_s_and_their_sum_s_at_one_sample():
+    samples = [
+        {"apps": {"1": ("a", 500), "2": ("b", 900)}, "used": 1405},
+        {"apps": {"1": ("a", 800), "2": ("b", 100)}, "used": 905},
+        {"apps": {}, "used": None},
+    ]
+    found = dm.summarise(samples, idle_mib=4)
+    assert found["processes"] == {"1": {"name": "a", "peak_mib": 800}, "2": {"name": "b", "peak_mib": 900}}
+    # 1400 at one sample, not 800 + 900 from two.
+    assert (found["processes_sum_peak_mib"], found["device_used_peak_mib"], found["process_peak_mib"]) == (
+        1400,
+        1405,
+        900,
+    )
+    assert found["samples"] == 3 and found["device_idle_mib"] == 4
+
+
+@pytest.mark.parametrize(
+    "total, outside, cap",
+    [(22888, 1310, 21.07), (22888, 0, 22.35), (24576, 1024, 23.0), (15360, 1500, 13.53)],
+)
+def test_the_cap_is_the_card_less_what_a_process_holds_beside_torch(total, outside, cap):
+    assert dm.cap_gib(total, outside) == cap
+    assert dm.cap_gib(total, outside) * 1024 <= total - outside
+
+
+def device(used, apps=(), samples=10):
+    return {
+        "samples": samples,
+        "processes": {str(i): {"name": "p", "peak_mib": m} for i, m in enumerate(apps)},
+        "processes_sum_peak_mib": sum(apps),
+        "device_used_peak_mib": used,
+    }
+
+
+BUDGETS = {
+    # The issue's measurement: the step's process at 22,886 MiB fits 22,888; the resume's 23,516 does not.
+    "step fits": (device(22886, [22886]), 22888, 0, True, 2),
+    "resume over": (device(23516, [23516]), 22888, 0, False, -628),
+    # The extra context comes off each process seen.
+    "extra per process": (device(23516, [22500, 1016]), 22888, 400, True, 172),
+    # The device's figure counts when larger than the processes' (what the list cannot see).
+    "device over list": (device(23000, [22000]), 22888, 0, False, -112),
+    # Nothing sampled is no fit.
+    "no samples": (device(0, [], samples=0), 22888, 0, False, 22888),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BUDGETS))
+def test_a_run_is_judged_by_the_whole_device_against_the_card(case):
+    found, total, extra, fits, headroom = BUDGETS[case]
+    judged = dm.budget(found, total, extra)
+    assert (judged["fits"], judged["headroom_mib"]) == (fits, headroom)
