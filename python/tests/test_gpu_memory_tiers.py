@@ -141,3 +141,20 @@ def test_ecc_is_in_the_published_profile_and_its_state_record():
     facts = ASSESS(report(gpus=[P40_22919]), settings("host", {}))["facts"]
     assert facts["gpu_preflight_profile"]["ecc"] == "on"
     assert facts["gpu_preflight_state_content"]["profile"]["ecc"] == "on"
+
+
+def test_the_report_shows_the_memory_and_ecc_state_preflight_read():
+    """hosts.json keeps preflight's profile; `p40fleet report` reads it into the line and the HTML card."""
+    from p40fleet.cli import _record_line
+    from p40fleet.fleet import host_record
+    from p40fleet.html_report import render_html
+
+    profile = p40_profile(22919, "on")
+    saved = {"preflight": {"profile": profile, "has_gpu": True, "gpus": ["Tesla P40"], "driver_version": "418.226.00"}}
+    record = host_record("node1", saved)
+    assert (record.gpu_memory_mib, record.ecc) == (22919, "on")
+    assert "1x Tesla P40 (22919 MiB, ECC on)" in _record_line(record)
+    host = {"host": "node1", "status": "converged", "state_source": "gpu_preflight", **record.__dict__}
+    page = render_html({"hosts": [host], "totals": {}})
+    assert "22919 MiB per GPU" in page and "ECC on" in page
+    assert "ECC keeps about 1527 MiB (1/16 of the memory)" in page
