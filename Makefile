@@ -27,7 +27,7 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps controller-deps sandbox-deps sandbox-system-deps test-deps system-test-deps venv fixtures lint pytest molecule \
   test test-fast faults demo bench clean lock lock-verl lock-torch lock-cpu-torch gpu-bundle gpu-check \
-  gpu-learn-repeat gpu-sweep gpu-sweep-record gpu-records
+  gpu-learn gpu-learn-record gpu-sweep gpu-sweep-record gpu-records
 
 help:
 	@echo "make demo   provision a sandbox fleet of 3 simulated P40 hosts, twice, and report"
@@ -36,6 +36,7 @@ help:
 	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
 	@echo "make faults the fault suite, every case (docs/faults.md), and the tests elsewhere it counts"
 	@echo "make gpu-check   run each profile's rendered launch script on this machine's CUDA GPU (python/tests/gpu/)"
+	@echo "make gpu-learn   the learning proof: three warm starts, the P40 script and its negative control (learning.py)"
 	@echo "make gpu-sweep   time one P40 step per configuration on this machine's CUDA GPU (python/tests/gpu/sweep.py)"
 
 # An operator's controller: the tools and the Python venv, nothing of the sandbox.
@@ -160,10 +161,8 @@ bench: sandbox-deps
 # needs); a machine without network gets .gpu/ and python/tests/gpu/run_check.py carried to it. gpu-records writes
 # docs/gpu-runs/ from the results; test_gpu_records.py (in make test) holds the records to today's rendering.
 GPU_PYTHON_VERSION ?= 3.12
-# The cases the check runs (a refused case keeps its record: its evidence is an earlier run), and the learning
-# proof's two renderings (python/tests/gpu/learning.py): the P40's and the bf16 reference.
+# The cases the check runs (a refused case keeps its record: its evidence is an earlier run).
 GPU_CASES ?= p40-1x,t4-1x-hf
-GPU_LEARN ?= p40-1x,a100-1x
 GPU_OUT ?= .runs/gpu-check
 gpu-bundle: venv fixtures
 	cd python && $(BIN)/python -m tests.gpu.bundle --out $(CURDIR)/.gpu --python-version $(GPU_PYTHON_VERSION)
@@ -171,7 +170,7 @@ gpu-bundle: venv fixtures
 gpu-check: gpu-bundle
 	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_OUT) \
-	  --cases $(GPU_CASES) --learn $(GPU_LEARN) --site $(CURDIR)/.gpu/site
+	  --cases $(GPU_CASES) --site $(CURDIR)/.gpu/site
 
 # The step-time sweep (python/tests/gpu/sweep.py): the 1x P40 rendering under its cap, one configuration at a time,
 # alone on the GPU; gpu-sweep-record writes its record beside the others in docs/gpu-runs/.
@@ -181,12 +180,17 @@ gpu-sweep: gpu-bundle
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_SWEEP_OUT) \
 	  --sweep p40-1x --site $(CURDIR)/.gpu/site
 
-# The learning proof again from a second warm start (another seed), alone; gpu-records keeps it under `repeats`.
-GPU_REPEAT_OUT ?= .runs/gpu-learn-repeat
-gpu-learn-repeat: gpu-bundle
+# The learning proof (python/tests/gpu/learning.py), alone on the GPU: three warm starts side by side, each trained
+# by the 1x P40 rendering and by its negative control (the same script on a verl tree with the positions fix taken
+# back), and fine-tuned on alone; about 9 minutes on an H100. Add a100-1x to GPU_LEARN for the bf16 reference.
+# gpu-learn-record writes docs/gpu-runs/learning/p40-1x.json and docs/gpu-learning.png from it.
+GPU_LEARN ?= p40-1x,control=p40-1x@positions-unfixed
+GPU_LEARN_SEEDS ?= 0,1,2
+GPU_LEARN_OUT ?= .runs/gpu-learn
+gpu-learn: gpu-bundle
 	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
-	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_REPEAT_OUT) \
-	  --cases none --learn $(GPU_LEARN) --learn-seed 1 --site $(CURDIR)/.gpu/site
+	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_LEARN_OUT) \
+	  --cases none --learn $(GPU_LEARN) --learn-seeds $(GPU_LEARN_SEEDS) --site $(CURDIR)/.gpu/site
 
 # GPU_SWEEP_RECORD_ARGS=--add keeps the record's earlier runs (each run's figures are compared only within it).
 gpu-sweep-record: venv
@@ -195,9 +199,12 @@ gpu-sweep-record: venv
 
 gpu-records: venv
 	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \
-	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES) \
-	  --learning-repeat $(CURDIR)/$(GPU_REPEAT_OUT)/results.json
-	cp $(GPU_OUT)/learning.png docs/gpu-learning.png
+	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES)
+
+gpu-learn-record: venv
+	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_LEARN_OUT)/results.json \
+	  --manifest $(CURDIR)/.gpu/manifest.json
+	cp $(GPU_LEARN_OUT)/learning.png docs/gpu-learning.png
 
 # The CPU venv's torch lock (python/tests/fixtures, for make test only): torch 2.6.0 from PyPI and what it pulls in,
 # less what the sandbox's verl lock holds (its constraint). Needs PyPI: never run by tests.

@@ -87,10 +87,11 @@ def _query(argv: list[str]) -> str:
 class Sampler:
     """Samples APPS_QUERY and USED_QUERY in a thread until stop(), which returns summarise()'s figures."""
 
-    def __init__(self, index: str = "0"):
+    def __init__(self, index: str = "0", enabled: bool = True):
         self.index = index
+        self.enabled = enabled
         self.samples: list[dict] = []
-        self.idle = parse_used(_query(USED_QUERY), index)
+        self.idle = parse_used(_query(USED_QUERY), index) if enabled else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -100,12 +101,14 @@ class Sampler:
             self._stop.wait(SAMPLE_SECONDS)
 
     def __enter__(self) -> Sampler:
-        self._thread.start()
+        if self.enabled:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        if self.enabled:
+            self._thread.join()
 
     def result(self) -> dict:
         return summarise(self.samples, self.idle)

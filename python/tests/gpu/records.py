@@ -125,56 +125,68 @@ def record(name: str, today, results: dict, manifest: dict) -> dict:
     return entry
 
 
-def learning_runs(results: dict, manifest: dict) -> tuple[dict, dict]:
-    """The proof's two runs, and the runs beside them on the same warm start (other renderings or variants)."""
-    found = results["learning"]
-    if not found.get("ok"):
-        raise SystemExit(f"gpu records: the learning proof did not run through: {found.get('error', found)}")
-    runs, beside = {}, {}
-    for name, run in found["runs"].items():
-        ran = manifest["cases"][run.get("case", name)]
-        runs[name] = {
-            **({"case": run["case"], "extra_overrides": run["extra_overrides"]} if "case" in run else {}),
-            "profile": run["profile"],
-            "dtype": run["dtype"],
-            "memory_cap_gib": run["cap_gib"],
-            "tf32": run["dtype"] != "float32",
-            "overrides_digest": run["overrides_digest"],
-            "patch_set": run["patch_set"],
-            "patched_files": patched_sha256s(ran.get("patch_record") or {}),
-            "wall_seconds": run["wall_seconds"],
-            "curves": run["curves"],
-        }
-        if name not in ("p40-1x", "a100-1x"):
-            beside[name] = runs.pop(name)
-    return runs, beside
+def learning_run(run: dict, manifest: dict) -> dict:
+    """One run of the proof as the record keeps it: what it ran (case, verl tree, the files it imported, the
+    overrides it passed) and its curves."""
+    ran = manifest["cases"][run["case"]]
+    # A run on an edited tree imported the case's patched files but the edited ones, whose sums the run recorded.
+    files = {**patched_sha256s(ran.get("patch_record") or {}), **run["tree_files"]}
+    return {
+        "case": run["case"],
+        "tree": run["tree"],
+        "extra_overrides": run["extra_overrides"],
+        "argv": run["argv"],
+        "profile": run["profile"],
+        "dtype": run["dtype"],
+        "memory_cap_gib": run["cap_gib"],
+        "tf32": run["dtype"] != "float32",
+        "overrides_digest": run["overrides_digest"],
+        "patch_set": run["patch_set"],
+        "patched_files": files,
+        "rc": run["rc"],
+        "wall_seconds": run["wall_seconds"],
+        "curves": run["curves"],
+    }
 
 
-def learning_record(results: dict, manifest: dict, repeats: list[dict] = ()) -> dict:
-    """docs/gpu-runs/learning/<case>.json: the warm start, the schedule, and each rendering's curves; repeats: the
-    same proof from other warm starts (run_check.py --learn-seed), each with its own warm start and runs."""
+def learning_record(results: dict, manifest: dict) -> dict:
+    """docs/gpu-runs/learning/<case>.json from one call of the proof (run_check.py --learn --learn-seeds): the data
+    and their measured overlap, the schedule as the runs passed it, and per warm start its selection, each run's
+    curves (runs with extra overrides under `beside`) and the fine-tuning-only continuation; the acceptance as
+    learning.accepted() computes it (test_gpu_records.py computes it again from the curves)."""
     import learning  # tests/gpu/learning.py, beside this file
 
     found = results["learning"]
-    runs, beside = learning_runs(results, manifest)
-    again = []
-    for other in repeats:
-        other_runs, other_beside = learning_runs(other, manifest)
-        again.append(
+    if not found.get("ok"):
+        raise SystemExit(f"gpu records: the learning proof did not run through: {found.get('error', found)}")
+    warm_starts, schedules = [], set()
+    for seed in found["seeds"]:
+        entry = found["warm_starts"][str(seed)]
+        runs, beside = {}, {}
+        for name, run in entry["runs"].items():
+            (beside if run["extra_overrides"] else runs)[name] = learning_run(run, manifest)
+            schedules.add(tuple(run["argv"][: len(run["argv"]) - len(run["extra_overrides"])]))
+        warm_starts.append(
             {
-                "date": other["finished"],
-                "gpu": other["machine"]["gpu"],
-                "warm_start": other["learning"]["warm_start"],
-                "runs": other_runs,
-                "beside": other_beside,
+                "seed": seed,
+                "warm_start": entry["warm_start"],
+                "fine_tuning_only": entry["fine_tuning_only"],
+                "runs": runs,
+                "beside": beside,
             }
         )
+    if len(schedules) != 1:
+        raise SystemExit(f"gpu records: the proof's runs passed different schedules: {sorted(schedules)}")
+    passed = list(schedules.pop())
+    keys = dict(o.split("=", 1) for o in passed)
+    steps = int(keys["trainer.total_training_steps"])
     return {
         "proves": (
-            "A model that scores gets better under the launch script as rendered: the P40 rendering (fp32, the "
-            "patches, the hf rollout, the memory cap, TF32 off) trains a warm-started small Qwen2 with verl's PPO, "
-            "and greedy validation on held-out rows rises; the bf16 reference (the modern profile, verl's own bf16 "
-            "autocast) run with the same model, data, schedule and seed follows the same course. It does not "
+            "A model that scores gets better under the launch script as rendered, and the proof can fail: from "
+            "warm starts chosen on a fine-tuning plateau, the P40 rendering (fp32, the patches, the hf rollout, the "
+            "memory cap, TF32 off) trains a small Qwen2 with verl's PPO and greedy validation on problems whose "
+            "numbers no training row holds rises, more than the same warm start fine-tuned on alone for as many "
+            "samples; the same script with the patch set's positions fix taken back does not rise. It does not "
             "prove a P40's speed, nor learning of the 0.5B default model."
         ),
         "date": results["finished"],
@@ -183,23 +195,26 @@ def learning_record(results: dict, manifest: dict, repeats: list[dict] = ()) -> 
         "cuda": results["machine"]["cuda"],
         "verl_version": manifest["verl_version"],
         "model": "a Qwen2ForCausalLM warm-started here (tests/gpu/learning.py); no hub model",
-        "warm_start": found["warm_start"],
+        # run_check.py's command line as run.
+        "argv": found["argv"],
         "data": {
-            "kind": "GSM8K-style word problems (a product, a sum, '#### N'), converted by training_data's converter",
+            "kind": (
+                "GSM8K-style word problems (a + b * c, '#### N'), converted by training_data's converter; the "
+                "fine-tuning rows a weak teacher's that drops carries, the PPO and validation rows scored on the truth"
+            ),
             "sft_rows": learning.SFT_ROWS,
             "ppo_rows": learning.PPO_ROWS,
             "validation_rows": learning.VAL_ROWS,
+            "selection_rows": learning.SELECT_ROWS,
             "scored_by": "verl's GSM8K rule (verl/utils/reward_score/gsm8k.py), strict",
+            **found["data"],
         },
-        "passed_through": learning.SCHEDULE,
-        "validation_every": learning.VAL_EVERY,
-        "steps": learning.STEPS,
-        "reference": "a100-1x",
-        "runs": runs,
-        # Renderings or variants run beside the proof on the same warm start (their extra overrides named).
-        "beside": beside,
-        # The same proof from other warm starts: one warm start is no proof that the schedule lifts any model.
-        "repeats": again,
+        # The overrides the runs passed after the rendering's own, taken from their argv.
+        "passed_through": passed,
+        "steps": steps,
+        "validation_every": int(keys["trainer.test_freq"]),
+        "warm_starts": warm_starts,
+        "acceptance": learning.accepted(warm_starts, steps),
     }
 
 
@@ -272,13 +287,6 @@ def main(argv=None) -> int:
     parser.add_argument("--manifest", type=Path, required=True)
     parser.add_argument("--cases", default="")
     parser.add_argument("--add", action="store_true", help="sweep: keep the record's earlier runs, add this one")
-    parser.add_argument(
-        "--learning-repeat",
-        type=Path,
-        action="append",
-        default=[],
-        help="results.json of the proof from another warm start",
-    )
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
     manifest = json.loads(args.manifest.read_text())
@@ -291,7 +299,15 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         print(f"sweep: {path}, fastest fitting in this run: {found['runs'][-1]['fastest_fitting']}")
         return 0
+    if "learning" in results:
+        sys.path.insert(0, str(Path(__file__).parent))
+        found = learning_record(results, manifest)
+        LEARNING.mkdir(parents=True, exist_ok=True)
+        (LEARNING / "p40-1x.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        print(f"learning: {LEARNING / 'p40-1x.json'}, accepted: {found['acceptance']['ok']}")
     names = [c for c in args.cases.split(",") if c] or [n for n in results["cases"]]
+    if not names:
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         today, _ = render({n: CASES[n].host() for n in names}, Path(tmp))
     RECORDS.mkdir(parents=True, exist_ok=True)
@@ -299,13 +315,6 @@ def main(argv=None) -> int:
         entry = record(name, today[name], results, manifest)
         (RECORDS / f"{name}.json").write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
         print(f"{name}: {entry['status']}")
-    if "learning" in results:
-        sys.path.insert(0, str(Path(__file__).parent))
-        repeats = [json.loads(path.read_text()) for path in args.learning_repeat]
-        found = learning_record(results, manifest, repeats)
-        (LEARNING / "p40-1x.json").parent.mkdir(parents=True, exist_ok=True)
-        (LEARNING / "p40-1x.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
-        print(f"learning: {LEARNING / 'p40-1x.json'}")
     return 0
 
 

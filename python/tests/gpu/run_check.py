@@ -18,10 +18,13 @@ Cases run one after the other, each alone on the GPU; each writes the script's o
 validates before its first step (on a test set of 203 rows, which no validation batch divides), saves at its last
 step and resumes for one more.
 
-With --learn CASE,REFERENCE it also runs the learning proof after them (tests/gpu/learning.py): a warm-started small
-model trained for real by CASE's script, and by REFERENCE's as the bf16 reference; learning.json and learning.png.
+With --learn it also runs the learning proof after them (tests/gpu/learning.py): for each seed of --learn-seeds, side
+by side, a warm-started small model trained for real by each named run's script (the P40 rendering, its negative
+control on an edited verl tree, optionally the bf16 reference) and fine-tuned on alone; learning-partial.json and
+learning.png.
 
-usage: run_check.py --bundle DIR --out DIR [--cases a,b] [--smoke-steps N] [--full-steps N] [--learn CASE,REF]
+usage: run_check.py --bundle DIR --out DIR [--cases a,b] [--smoke-steps N] [--full-steps N]
+                    [--learn RUN,RUN --learn-seeds a,b,c]
 """
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import hashlib
 import importlib.util
 import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 # tests/gpu/learning.py, beside this file (run as a script: no package to import it from).
@@ -263,7 +269,7 @@ def run_case(name: str, case: dict, script: pathlib.Path, index: int, smoke: int
     return run_plan(name, case, script, index, site, plan)
 
 
-def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str, plan: list) -> dict:
+def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str, plan: list, sample=True) -> dict:
     env = case_env(case, script, index, site)
     pathlib.Path(env["RAY_TMPDIR"]).mkdir(exist_ok=True)
     shutil.chown(env["RAY_TMPDIR"], OWNER, OWNER)
@@ -286,8 +292,9 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
         log_path = LOG_DIR / f"{name}-{label}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Every process's device memory through the run (tests/gpu/device_memory.py): the run is alone on the GPU
-        # when its memory is recorded (main runs the cases one after the other, the sweep too).
-        with open(log_path, "w") as log_file, device_memory.Sampler() as sampler:
+        # when its memory is recorded (main runs the cases one after the other, the sweep too). The learning proof's
+        # runs go side by side and record no memory (sample=False).
+        with open(log_path, "w") as log_file, device_memory.Sampler(enabled=sample) as sampler:
             done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(script.parent))
         output = log_path.read_text(errors="replace")
         summary = [ln for ln in output.splitlines() if ln.startswith("smoke: ")]
@@ -369,61 +376,125 @@ def run_sweep(args, manifest: dict, home: pathlib.Path, name: str) -> dict:
     return out
 
 
-def learn_entry(entry: str) -> tuple[str, str, list[str]]:
-    """`[LABEL=]CASE[;OVERRIDE...]`: a run of the learning proof, and overrides passed after the proof's schedule (a
-    variant tried beside the proof: records.py keeps it under the record's `beside`, never as the proof's run)."""
+def learn_entry(entry: str) -> tuple[str, str, str, list[str]]:
+    """`[LABEL=]CASE[@TREE][;OVERRIDE...]`: a run of the learning proof, the verl tree it runs on (a name in
+    learning.TREES: a copy of the case's patched tree with those edits; none: the case's own), and overrides passed
+    after the proof's schedule (records.py keeps a run with overrides under the record's `beside`)."""
     head, *extra = entry.split(";")
-    label, _, case = head.rpartition("=")
-    return label or case, case, extra
+    label, _, target = head.rpartition("=")
+    case, _, tree = target.partition("@")
+    if tree and tree not in learning.TREES:
+        known = sorted(learning.TREES)
+        raise SystemExit(f"gpu check: --learn {entry}: no verl tree {tree!r} (learning.TREES: {known})")
+    return label or case, case, tree, extra
+
+
+def edited_tree(case: dict, tree: str) -> tuple[str, dict]:
+    """A copy of the case's patched verl tree with learning.TREES[tree]'s edits, each found once: its name, and the
+    sha256 of each file edited (the record's, beside the case's patched files)."""
+    name = f"{case['verl_tree']}-{tree}"
+    shutil.copytree(ROOT / case["verl_tree"], ROOT / name, dirs_exist_ok=True)
+    sums = {}
+    for rel, (old, new) in learning.TREES[tree].items():
+        path = ROOT / name / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"gpu check: verl tree {tree}: {rel} holds {text.count(old)} of {old!r}, not one")
+        path.write_text(text.replace(old, new))
+        sums[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    sh("chmod", "-R", "a+rX", str(ROOT / name))
+    return name, sums
+
+
+def learning_tool(command: str, spec: dict, tag: str) -> dict:
+    """tests/gpu/learning.py COMMAND SPEC in its own process (the warm starts and continuations run side by side),
+    its console to LOG_DIR and here line by line; its one JSON object."""
+    log_path = LOG_DIR / f"learn-{tag}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(pathlib.Path(learning.__file__)), command, json.dumps(spec)]
+    found = None
+    with (
+        open(log_path, "w") as log_file,
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
+    ):
+        for line in proc.stdout:
+            log_file.write(line)
+            if line.startswith("learning-json: "):
+                found = json.loads(line[len("learning-json: ") :])
+            elif line.startswith(("warm start", "fine-tuning only")):
+                print(f"[learning] {line.rstrip()}", flush=True)
+    if proc.returncode != 0 or found is None:
+        tail = log_path.read_text(errors="replace").splitlines()[-20:]
+        raise RuntimeError(f"learning.py {command} ({tag}) exited {proc.returncode}: " + "\n".join(tail))
+    return found
+
+
+def learn_progress(done, every: float = 30.0) -> None:
+    """Each PPO run's last step, every `every` seconds until `done` is set: a call cut off shows how far they got."""
+    while not done.wait(every):
+        steps = {}
+        for path in sorted(LOG_DIR.glob("learn-*-learn.log")):
+            found = re.findall(r"step:(\d+) ", path.read_text(errors="replace"))
+            steps[path.name[len("learn-") : -len("-learn.log")]] = int(found[-1]) if found else 0
+        print(f"[learning] steps: {json.dumps(steps)}", flush=True)
 
 
 def run_learning(args, manifest: dict, home: pathlib.Path, entries: list[tuple], index: int) -> dict:
-    """The learning proof (tests/gpu/learning.py): warm start, then each rendering trains it, side by side."""
+    """The learning proof (tests/gpu/learning.py): the data once, then for each seed, side by side, its warm start,
+    each rendering training it and the fine-tuning-only continuation. Each warm start's results go to
+    learning-partial.json under --out as they finish (a call cut off at its limit keeps them)."""
     helper = smoke_helper()
+    seeds = [int(s) for s in args.learn_seeds.split(",")]
 
     def log(line):
         print(f"[learning] {line}", flush=True)
 
-    out = {"ok": False}
-    try:
-        base = ROOT / "learning"
-        raw = base / "raw"
-        files = learning.make_sets(raw)
-        convert(args.bundle, raw, {"train": files["train"], "test": files["test"]}, base / "data")
-        convert(args.bundle, raw, {"train": files["sft"], "test": files["test"]}, base / "sft")
-        (base / "data" / "sft.parquet").write_bytes((base / "sft" / "train.parquet").read_bytes())
-        # verl's own GSM8K rule scores the warm start, as it scores the runs (a file of plain Python: no verl import).
-        rule = ROOT / manifest["cases"][entries[0][1]]["verl_tree"] / "verl" / "utils" / "reward_score" / "gsm8k.py"
-        spec = importlib.util.spec_from_file_location("gsm8k_rule", rule)
-        gsm8k = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gsm8k)
-        low, high = (float(v) for v in args.learn_warm.split(",")) if args.learn_warm else (None, None)
-        out["warm_start"] = learning.warm_start(
-            base / "data", base / "model", CHAT_TEMPLATE, gsm8k.compute_score, log, low, high, args.learn_seed
-        )
-        sh("chmod", "-R", "a+rX", str(base))
-        jobs = {}
+    out = {"ok": False, "argv": list(args.argv), "seeds": seeds, "warm_starts": {}}
+    lock = threading.Lock()
+
+    def partial():
+        with lock:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "learning-partial.json").write_text(json.dumps(out, indent=1) + "\n")
+
+    base = ROOT / "learning"
+    low, high = (float(v) for v in args.learn_warm.split(",")) if args.learn_warm else (None, None)
+    rule = ROOT / manifest["cases"][entries[0][1]]["verl_tree"] / "verl" / "utils" / "reward_score" / "gsm8k.py"
+
+    def one_seed(position: int, seed: int) -> None:
+        entry = out["warm_starts"].setdefault(str(seed), {})
+        model, state = base / f"model-{seed}", base / f"sft-state-{seed}.pt"
+        model.mkdir(parents=True, exist_ok=True)
+        common = {"data": str(base / "data"), "rule": str(rule), "seed": seed, "state": str(state)}
+        spec = {**common, "out": str(model), "low": low, "high": high, "template": CHAT_TEMPLATE}
+        entry["warm_start"] = learning_tool("warm", spec, f"warm-{seed}")
+        partial()
+        sh("chmod", "-R", "a+rX", str(model))
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(entries)) as pool:
-            for offset, (name, case_name, extra) in enumerate(entries):
+            jobs = {}
+            for offset, (name, case_name, tree, extra) in enumerate(entries):
                 case = manifest["cases"][case_name]
+                ran = {**case, "verl_tree": trees[tree][0]} if tree else case
+                label = f"{name}-s{seed}"
                 script = install_case(
-                    args.bundle,
-                    case_name,
-                    case,
-                    home,
-                    manifest["render_root"],
-                    base / "data",
-                    base / "model",
-                    f"learn-{name}",
+                    args.bundle, case_name, case, home, manifest["render_root"], base / "data", model, f"learn-{label}"
                 )
                 plan = [("learn", learning.SCHEDULE + extra)]
-                jobs[name] = pool.submit(run_plan, f"learn-{name}", case, script, index + 1 + offset, args.site, plan)
+                ray = index + 1 + position * len(entries) + offset
+                jobs[name] = pool.submit(run_plan, f"learn-{label}", ran, script, ray, args.site, plan, False)
+            entry["fine_tuning_only"] = learning_tool("continue", {**common, "model": str(model)}, f"tuned-{seed}")
+            partial()
             runs = {name: job.result()["learn"] for name, job in jobs.items()}
-        out["runs"] = {}
-        for name, case_name, extra in entries:
+        entry["runs"] = {}
+        for name, case_name, tree, extra in entries:
             run, case = runs[name], manifest["cases"][case_name]
-            out["runs"][name] = {
-                **({"case": case_name, "extra_overrides": extra} if (name, extra) != (case_name, []) else {}),
+            entry["runs"][name] = {
+                "case": case_name,
+                "tree": tree,
+                "tree_files": trees[tree][1] if tree else {},
+                "extra_overrides": extra,
+                # The overrides this run passed to the script, as it passed them: the record's passed_through.
+                "argv": run["argv"],
                 "rc": run["rc"],
                 "wall_seconds": run["wall_seconds"],
                 "profile": case["profile"],
@@ -434,19 +505,44 @@ def run_learning(args, manifest: dict, home: pathlib.Path, entries: list[tuple],
                 "curves": learning.curves(run["log"], helper.parse_steps),
                 "log_tail": run["log_tail"][-40:],
             }
-        out["ok"] = all(r["rc"] == 0 for r in out["runs"].values())
-        labels = {n: f"{n}: {r['profile']}, {r['dtype']}, cap {r['cap_gib']} GiB" for n, r in out["runs"].items()}
-        title = f"PPO from a warm start at {out['warm_start']['greedy_accuracy']:.0%} greedy accuracy"
-        runs_labelled = {name: {**r, "label": labels[name]} for name, r in out["runs"].items()}
-        args.out.mkdir(parents=True, exist_ok=True)
-        learning.plot({"title": title, "runs": runs_labelled}, args.out / "learning.png")
+        verdict = learning.verdict(entry)
+        log(f"seed {seed}: {json.dumps({k: verdict[k] for k in ('p40', 'control', 'fine_tuning_only', 'counts')})}")
+        partial()
+
+    done = threading.Event()
+    try:
+        raw = base / "raw"
+        files = learning.make_sets(raw)
+        convert(args.bundle, raw, {"train": files["train"], "test": files["test"]}, base / "data")
+        convert(args.bundle, raw, {"train": files["sft"], "test": files["test"]}, base / "sft")
+        (base / "data" / "sft.parquet").write_bytes((base / "sft" / "train.parquet").read_bytes())
+        out["data"] = {"overlap": learning.overlap(base / "data"), "teacher": learning.teacher(base / "data")}
+        log(f"data: {json.dumps(out['data'])}")
+        trees = {tree: edited_tree(manifest["cases"][case], tree) for _, case, tree, _ in entries if tree}
+        sh("chmod", "-R", "a+rX", str(base))
+        threading.Thread(target=learn_progress, args=(done,), daemon=True).start()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(seeds)) as pool:
+            jobs = {seed: pool.submit(one_seed, position, seed) for position, seed in enumerate(seeds)}
+            for seed, job in jobs.items():
+                try:
+                    job.result()
+                except Exception as error:  # recorded: the other warm starts still report
+                    out["warm_starts"][str(seed)]["error"] = repr(error)[-2000:]
+                    log(f"seed {seed} failed: {error!r}")
+        found = out["warm_starts"].values()
+        out["ok"] = all("error" not in e and all(r["rc"] == 0 for r in e["runs"].values()) for e in found)
+        title = f"PPO from plateaued warm starts, validation on {learning.VAL_ROWS} content-disjoint rows"
+        learning.plot({"title": title, "warm_starts": [e for e in found if "runs" in e]}, args.out / "learning.png")
     except BaseException as error:  # recorded, not raised: the smoke cases beside it still report
         out["error"] = repr(error)[-2000:]
         log(f"failed: {error!r}")
+    finally:
+        done.set()
+        partial()
     return out
 
 
-def main(argv=None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=pathlib.Path, required=True)
     parser.add_argument("--out", type=pathlib.Path, required=True)
@@ -455,13 +551,21 @@ def main(argv=None) -> int:
     parser.add_argument("--full-steps", type=int)
     parser.add_argument("--site", default=os.environ.get("P40FLEET_GPU_SITE", "/tmp/site"))
     parser.add_argument(
-        "--learn", default="", help="CASE,REFERENCE[,LABEL=CASE;OVERRIDE...]: the learning proof's renderings"
+        "--learn",
+        default="",
+        help="[LABEL=]CASE[@TREE][;OVERRIDE...],...: the proof's runs (p40-1x,control=p40-1x@positions-unfixed)",
     )
     parser.add_argument("--learn-warm", default="", help="LOW,HIGH: another band for the warm start (a variant)")
-    parser.add_argument("--learn-seed", type=int, default=0, help="the warm start's seed (the proof's repeat: 1)")
+    parser.add_argument("--learn-seeds", default="0", help="a,b,c: the warm starts' seeds, run side by side")
     parser.add_argument("--sweep", default="", help="CASE: the step-time sweep, alone on the GPU (no other case)")
     parser.add_argument("--sweep-only", default="", help="a,b: only these sweep configurations")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = arguments().parse_args(argv)
+    # The command line as run: the learning record keeps it.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     global LOG_DIR
     LOG_DIR = args.out / "logs"
     learn = [learn_entry(c) for c in args.learn.split(",") if c]
@@ -493,7 +597,7 @@ def main(argv=None) -> int:
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
     # Before the data, the model or any case is made: the trainer runs `python -m verl.trainer.main_ppo` with the
     # case's verl_tree first on PYTHONPATH, so the package must be right under it.
-    for name in wanted + [case for _, case, _ in learn] + ([args.sweep] if args.sweep else []):
+    for name in wanted + [case for _, case, _, _ in learn] + ([args.sweep] if args.sweep else []):
         case = manifest["cases"][name]
         if not case["refused"] and not (ROOT / case["verl_tree"] / "verl" / "__init__.py").is_file():
             raise SystemExit(f"gpu check: {name}: the bundle has no verl/ package under {case['verl_tree']}")
