@@ -10,13 +10,8 @@ automatic resume never picks up a checkpoint of other settings (test_launch_scri
 table-tested in test_launch_script_smoke.py.
 
 The batch rules below (what verl 0.4.1 asserts about a world size, and the smallest sizes that pass) are the one home
-of that fact, beside the batch sizes they judge: ray_cluster's filter (plugins/filter/ray_cluster.py,
-ray_cluster_batches) loads this file to apply them to a cluster's ranks.
-
-The output comes from a run as the env owner: it is data, read strictly. Only the typed fields below are kept,
-strings are cut short, and a run counts as passed only when the script exited 0 and its own summary says every
-step ran, it validated, saved and resumed (the script's helper, files/launch_script_smoke.py, decides that from
-verl's logs and the checkpoint directory).
+of that fact: `launch_script_settings` applies them to a host's GPUs, and ray_cluster's filter
+(plugins/filter/ray_cluster.py, ray_cluster_batches) loads this file to apply them to a cluster's ranks.
 
 The output comes from a run as the env owner: it is data, read strictly. Only the typed fields below are kept,
 strings are cut short, and a run counts as passed only when the script exited 0 and its own summary says every
@@ -225,13 +220,63 @@ def judge_batches(world, batches, mode):
     return result
 
 
+def _judged_batches(world, batches, mode, gpus):
+    """The run's and --smoke's batch sizes as verl splits them at `world` ranks (judge_batches, in `mode`), with
+    the note of what was derived and why, or the refusal naming the GPU counts per node that work."""
+    nnodes = world // gpus if gpus else 1
+    shape = f"{gpus} GPU(s)" + (f" x {nnodes} nodes = {world} ranks" if nnodes > 1 else "")
+    run = judge_batches(world, batches, mode)
+    # --smoke's batch: two micro batches per GPU, the train batch one mini batch, judged by the same rules (at the
+    # run's validation batch, which --smoke keeps).
+    smoke_size = 2 * batches["ppo_micro_batch_size_per_gpu"] * max(world, 1)
+    smoke_input = {
+        **batches,
+        "train_batch_size": smoke_size,
+        "ppo_mini_batch_size": smoke_size,
+        "val_batch_size": run["val_batch_size"],
+    }
+    smoke = judge_batches(world, smoke_input, mode)
+    notes, faults = [], []
+    if run["why"]:
+        faults.append(run["why"])
+        notes.append(", ".join(run["changed"]))
+    if smoke["why"]:
+        faults.append(f"--smoke's batch of {smoke_size}: {smoke['why']}")
+        notes.append("--smoke's " + ", ".join(smoke["changed"]))
+    note = refusal = ""
+    if faults and mode == "derive":
+        note = f"{shape}: {'; '.join(faults)}; derived (launch_script_batch_sizes: derive): {'; '.join(notes)}"
+    elif faults:
+        counts = range(1, max(gpus, 8) + 1)
+        fits = [w // nnodes for w in worlds_that_split([k * nnodes for k in counts], batches)]
+        refusal = (
+            f"{shape}, which verl cannot split: {'; '.join(faults)}. GPU counts per node that train with these batch "
+            f"sizes: {', '.join(map(str, fits)) or 'none up to 8'}. Train on those (launch_script_gpus_per_node and "
+            f"launch_script_cuda_visible_devices), set launch_script_train_batch_size / "
+            f"launch_script_ppo_mini_batch_size, or set launch_script_batch_sizes: derive to train with the smallest "
+            f"sizes that split"
+        )
+    return {
+        "train_batch_size": run["train_batch_size"],
+        "ppo_mini_batch_size": run["ppo_mini_batch_size"],
+        "val_batch_size": run["val_batch_size"],
+        "smoke_batch": smoke["train_batch_size"],
+        "smoke_mini_batch": smoke["ppo_mini_batch_size"],
+        "batch_note": note,
+        "batch_refusal": refusal,
+    }
+
+
 def launch_script_settings(profile, inputs):
     """The launch settings from the profile, its memory tier and the role's inputs (empty = derived).
 
     Returns {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload,
     actor_param_offload, optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype,
-    use_torch_compile, use_remove_padding, val_batch_size, save_freq, test_freq, smoke_batch, tier_refusal,
-    problems}: problems lists inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them)."""
+    use_torch_compile, use_remove_padding, train_batch_size, ppo_mini_batch_size, val_batch_size, save_freq,
+    test_freq, smoke_batch, smoke_mini_batch, batch_note, batch_refusal, tier_refusal, problems}: problems lists
+    inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them). The batch sizes are the ones
+    verl can split across the world size (judge_batches): derived where the inputs do not split (batch_sizes
+    derive, said in batch_note), or kept and refused (refuse, batch_refusal names the GPU counts that work)."""
     profile = profile if isinstance(profile, dict) else {}
     tier = profile.get("launch") or {}
     problems = []
@@ -248,7 +293,13 @@ def launch_script_settings(profile, inputs):
 
     gpus = pick("gpus_per_node", profile.get("gpu_count", 0), number)
     world_size = gpus * _as_number(inputs.get("nnodes", 1), "nnodes", problems)
+    found = len(problems)
     micro = pick("ppo_micro_batch_size_per_gpu", tier.get("ppo_micro_batch_size_per_gpu", 1), number)
+    if micro < 1:
+        # verl divides by it (the batch rules below too).
+        if len(problems) == found:
+            problems.append(f"launch_script_ppo_micro_batch_size_per_gpu is {micro}: at least 1 wanted")
+        micro = 1
     rollout_micro = pick("rollout_micro_batch_size", tier.get("rollout_micro_batch_size", 8), number)
     rollout_name = inputs.get("rollout_name") or (
         profile.get("rollout_name", "hf")
@@ -261,7 +312,26 @@ def launch_script_settings(profile, inputs):
         and _as_bool(inputs.get("single_gpu_param_offload", True), "single_gpu_param_offload", problems)
         and world_size == 1
     )
-    train_batch = _as_number(inputs.get("train_batch_size", 1), "train_batch_size", problems)
+    mode = str(inputs.get("batch_sizes") or "derive")
+    if mode not in BATCH_MODES:
+        problems.append(f"launch_script_batch_sizes is {mode!r}: one of {', '.join(BATCH_MODES)} wanted")
+        mode = "refuse"
+    batches = _judged_batches(
+        world_size,
+        {
+            "train_batch_size": _as_number(inputs.get("train_batch_size", 1), "train_batch_size", problems),
+            "ppo_mini_batch_size": _as_number(inputs.get("ppo_mini_batch_size", 1), "ppo_mini_batch_size", problems),
+            "ppo_micro_batch_size_per_gpu": micro,
+            # Only the hf rollout cuts a rank's share into generate calls.
+            "rollout_micro_batch_size": rollout_micro if rollout_name == "hf" else 0,
+            # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch
+            # can't).
+            "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
+        },
+        mode,
+        gpus,
+    )
+    train_batch = batches["train_batch_size"]
     rows = _as_number(inputs.get("train_rows", 0), "train_rows", problems)
     refusals = tier.get("refuse") or {}
     allow_refused = _as_bool(inputs.get("allow_refused_tier", False), "allow_refused_tier", problems)
@@ -298,15 +368,11 @@ def launch_script_settings(profile, inputs):
         "use_remove_padding": pick(
             "use_remove_padding", profile.get("attn_implementation", "") == "flash_attention_2", flag
         ),
-        # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch can't).
-        "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
+        **batches,
         # One checkpoint an epoch, and one at the last step.
         "save_freq": pick("save_freq", epoch_steps, number),
         # One validation an epoch too (and verl's before step 1 and at the last step).
         "test_freq": pick("test_freq", epoch_steps, _as_freq),
-        # --smoke's batch: two micro batches per GPU (verl divides the mini batch by the GPU count and needs it
-        # divisible by the micro batch).
-        "smoke_batch": 2 * micro * world_size,
         # Why this card cannot train the default model (gpu_preflight_launch_tiers); empty = it can.
         "tier_refusal": "" if allow_refused else refusals.get(profile.get("dtype", "float32"), ""),
         "problems": problems,
