@@ -9,6 +9,10 @@ what a run trains (every override whose key is not a schedule key, in order): a 
 automatic resume never picks up a checkpoint of other settings (test_launch_script.py). The smoke verdict is
 table-tested in test_launch_script_smoke.py.
 
+The batch rules below (what verl 0.4.1 asserts about a world size, and the smallest sizes that pass) are the one home
+of that fact: `launch_script_settings` applies them to a host's GPUs, and ray_cluster's filter
+(plugins/filter/ray_cluster.py, ray_cluster_batches) loads this file to apply them to a cluster's ranks.
+
 The output comes from a run as the env owner: it is data, read strictly. Only the typed fields below are kept,
 strings are cut short, and a run counts as passed only when the script exited 0 and its own summary says every
 step ran, it validated, saved and resumed (the script's helper, files/launch_script_smoke.py, decides that from
@@ -110,13 +114,169 @@ def _as_freq(value, name, problems):
     return number
 
 
+# --- What verl 0.4.1 asserts about a world size (python/tests/test_launch_script_batches.py) ---
+# The checks a job would otherwise meet at start-up, each with the line of verl that makes it; tests/cpu/
+# startup_checks.py runs those lines of verl on a CPU against the renderings for 1 to 8 GPUs.
+VERL_SPLITS = {
+    "train": "verl/trainer/ppo/ray_trainer.py:377, verl/protocol.py:662",
+    "mini": "verl/workers/fsdp_workers.py:156-166",
+    "rollout": "verl/workers/rollout/hf_rollout.py:47-48",
+    "val": "verl/trainer/ppo/ray_trainer.py:649, verl/workers/rollout/hf_rollout.py:47-48",
+}
+BATCH_MODES = ("refuse", "derive")
+BATCH_KEYS = ("train_batch_size", "ppo_mini_batch_size", "val_batch_size")
+
+
+def _hf_chunks_split(share, rollout_micro):
+    """HFRollout.generate_sequences: max(share // micro, 1) chunks of one size (DataProto.chunk asserts it)."""
+    if not rollout_micro or share < 1:
+        return True
+    return share % max(share // rollout_micro, 1) == 0
+
+
+def batch_faults(world, batches):
+    """What verl would refuse about `batches` at `world` ranks: [(check, reason)], empty when it runs.
+
+    batches: {train_batch_size, ppo_mini_batch_size, ppo_micro_batch_size_per_gpu, rollout_micro_batch_size
+    (0 when the rollout is not hf), val_batch_size, rollout_n (default 1)}."""
+    n = int(batches.get("rollout_n", 1) or 1)
+    train, mini = int(batches["train_batch_size"]), int(batches["ppo_mini_batch_size"])
+    micro, rollout_micro = (
+        int(batches["ppo_micro_batch_size_per_gpu"]),
+        int(batches.get("rollout_micro_batch_size") or 0),
+    )
+    val = int(batches.get("val_batch_size") or 0)
+    faults = []
+    if (train * n) % world:
+        faults.append(("train", f"train_batch_size {train} does not split across {world} ranks"))
+    normalized = mini * n // world
+    if normalized < 1 or normalized % micro:
+        faults.append(
+            (
+                "mini",
+                f"ppo_mini_batch_size {mini} // {world} ranks = {normalized}, "
+                f"not a multiple of ppo_micro_batch_size_per_gpu {micro}",
+            )
+        )
+    if not (train * n) % world and not _hf_chunks_split(train // world, rollout_micro):
+        faults.append(
+            ("rollout", f"each rank's {train // world} prompts do not cut into generate calls of {rollout_micro}")
+        )
+    if val and not _hf_chunks_split(-(-val // world), rollout_micro):
+        faults.append(
+            (
+                "val",
+                f"val_batch_size {val} gives each of {world} ranks {-(-val // world)} prompts, which do not cut "
+                f"into generate calls of {rollout_micro}",
+            )
+        )
+    return faults
+
+
+def derived_batches(world, batches):
+    """The smallest batch sizes at or above the configured ones that verl runs at `world` ranks: the mini batch a
+    multiple of world x micro, the train batch a multiple of the mini batch (each update a whole mini batch), the
+    validation batch one generate call per rank where the configured one does not split."""
+    n = int(batches.get("rollout_n", 1) or 1)
+    micro = int(batches["ppo_micro_batch_size_per_gpu"])
+    mini = int(batches["ppo_mini_batch_size"])
+    while (mini * n // world) < 1 or (mini * n // world) % micro or (mini * n) % world:
+        mini += 1
+    train = max(int(batches["train_batch_size"]), mini)
+    train = -(-train // mini) * mini
+    derived = {**batches, "ppo_mini_batch_size": mini, "train_batch_size": train}
+    # A share that is a whole number of generate calls always cuts evenly: found within that many steps.
+    for _ in range(int(batches.get("rollout_micro_batch_size") or 0) + 1):
+        if not any(check == "rollout" for check, _ in batch_faults(world, derived)):
+            break
+        train += mini
+        derived["train_batch_size"] = train
+    if any(c == "val" for c, _ in batch_faults(world, derived)):
+        derived["val_batch_size"] = int(batches.get("rollout_micro_batch_size") or 1) * world
+    return derived
+
+
+def worlds_that_split(worlds, batches):
+    """The world sizes among `worlds` at which verl runs `batches`, the validation batch at its default (one generate
+    call per rank, which splits at any world size)."""
+    unvalidated = {**batches, "val_batch_size": 0}
+    return [w for w in worlds if not batch_faults(w, unvalidated)]
+
+
+def judge_batches(world, batches, mode):
+    """`batches` as verl runs them at `world` ranks: {train_batch_size, ppo_mini_batch_size, val_batch_size,
+    derived: bool, why: what verl would assert ('' when they split), changed: ['key old -> new']}. Mode derive
+    replaces sizes that do not split by the smallest that do; refuse keeps them (the caller refuses with `why`)."""
+    if mode not in BATCH_MODES:
+        raise ValueError(f"batch sizes mode {mode!r} is not one of {', '.join(BATCH_MODES)}")
+    result = {k: int(batches.get(k) or 0) for k in BATCH_KEYS}
+    result.update(derived=False, why="", changed=[])
+    faults = batch_faults(world, batches) if world >= 1 else []
+    result["why"] = "; ".join(f"{reason} (verl asserts it at {VERL_SPLITS[check]})" for check, reason in faults)
+    if faults and mode == "derive":
+        derived = {k: int(v or 0) for k, v in derived_batches(world, batches).items() if k in BATCH_KEYS}
+        result["changed"] = [f"{k} {result[k]} -> {derived[k]}" for k in BATCH_KEYS if derived[k] != result[k]]
+        result.update(derived, derived=True)
+    return result
+
+
+def _judged_batches(world, batches, mode, gpus):
+    """The run's and --smoke's batch sizes as verl splits them at `world` ranks (judge_batches, in `mode`), with
+    the note of what was derived and why, or the refusal naming the GPU counts per node that work."""
+    nnodes = world // gpus if gpus else 1
+    shape = f"{gpus} GPU(s)" + (f" x {nnodes} nodes = {world} ranks" if nnodes > 1 else "")
+    run = judge_batches(world, batches, mode)
+    # --smoke's batch: two micro batches per GPU, the train batch one mini batch, judged by the same rules (at the
+    # run's validation batch, which --smoke keeps).
+    smoke_size = 2 * batches["ppo_micro_batch_size_per_gpu"] * max(world, 1)
+    smoke_input = {
+        **batches,
+        "train_batch_size": smoke_size,
+        "ppo_mini_batch_size": smoke_size,
+        "val_batch_size": run["val_batch_size"],
+    }
+    smoke = judge_batches(world, smoke_input, mode)
+    notes, faults = [], []
+    if run["why"]:
+        faults.append(run["why"])
+        notes.append(", ".join(run["changed"]))
+    if smoke["why"]:
+        faults.append(f"--smoke's batch of {smoke_size}: {smoke['why']}")
+        notes.append("--smoke's " + ", ".join(smoke["changed"]))
+    note = refusal = ""
+    if faults and mode == "derive":
+        note = f"{shape}: {'; '.join(faults)}; derived (launch_script_batch_sizes: derive): {'; '.join(notes)}"
+    elif faults:
+        counts = range(1, max(gpus, 8) + 1)
+        fits = [w // nnodes for w in worlds_that_split([k * nnodes for k in counts], batches)]
+        refusal = (
+            f"{shape}, which verl cannot split: {'; '.join(faults)}. GPU counts per node that train with these batch "
+            f"sizes: {', '.join(map(str, fits)) or 'none up to 8'}. Train on those (launch_script_gpus_per_node and "
+            f"launch_script_cuda_visible_devices), set launch_script_train_batch_size / "
+            f"launch_script_ppo_mini_batch_size, or set launch_script_batch_sizes: derive to train with the smallest "
+            f"sizes that split"
+        )
+    return {
+        "train_batch_size": run["train_batch_size"],
+        "ppo_mini_batch_size": run["ppo_mini_batch_size"],
+        "val_batch_size": run["val_batch_size"],
+        "smoke_batch": smoke["train_batch_size"],
+        "smoke_mini_batch": smoke["ppo_mini_batch_size"],
+        "batch_note": note,
+        "batch_refusal": refusal,
+    }
+
+
 def launch_script_settings(profile, inputs):
     """The launch settings from the profile, its memory tier and the role's inputs (empty = derived).
 
     Returns {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload,
     actor_param_offload, optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype,
-    use_torch_compile, use_remove_padding, val_batch_size, save_freq, test_freq, smoke_batch, tier_refusal,
-    problems}: problems lists inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them)."""
+    use_torch_compile, use_remove_padding, train_batch_size, ppo_mini_batch_size, val_batch_size, save_freq,
+    test_freq, smoke_batch, smoke_mini_batch, batch_note, batch_refusal, tier_refusal, problems}: problems lists
+    inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them). The batch sizes are the ones
+    verl can split across the world size (judge_batches): derived where the inputs do not split (batch_sizes
+    derive, said in batch_note), or kept and refused (refuse, batch_refusal names the GPU counts that work)."""
     profile = profile if isinstance(profile, dict) else {}
     tier = profile.get("launch") or {}
     problems = []
@@ -133,7 +293,13 @@ def launch_script_settings(profile, inputs):
 
     gpus = pick("gpus_per_node", profile.get("gpu_count", 0), number)
     world_size = gpus * _as_number(inputs.get("nnodes", 1), "nnodes", problems)
+    found = len(problems)
     micro = pick("ppo_micro_batch_size_per_gpu", tier.get("ppo_micro_batch_size_per_gpu", 1), number)
+    if micro < 1:
+        # verl divides by it (the batch rules below too).
+        if len(problems) == found:
+            problems.append(f"launch_script_ppo_micro_batch_size_per_gpu is {micro}: at least 1 wanted")
+        micro = 1
     rollout_micro = pick("rollout_micro_batch_size", tier.get("rollout_micro_batch_size", 8), number)
     rollout_name = inputs.get("rollout_name") or (
         profile.get("rollout_name", "hf")
@@ -146,7 +312,26 @@ def launch_script_settings(profile, inputs):
         and _as_bool(inputs.get("single_gpu_param_offload", True), "single_gpu_param_offload", problems)
         and world_size == 1
     )
-    train_batch = _as_number(inputs.get("train_batch_size", 1), "train_batch_size", problems)
+    mode = str(inputs.get("batch_sizes") or "derive")
+    if mode not in BATCH_MODES:
+        problems.append(f"launch_script_batch_sizes is {mode!r}: one of {', '.join(BATCH_MODES)} wanted")
+        mode = "refuse"
+    batches = _judged_batches(
+        world_size,
+        {
+            "train_batch_size": _as_number(inputs.get("train_batch_size", 1), "train_batch_size", problems),
+            "ppo_mini_batch_size": _as_number(inputs.get("ppo_mini_batch_size", 1), "ppo_mini_batch_size", problems),
+            "ppo_micro_batch_size_per_gpu": micro,
+            # Only the hf rollout cuts a rank's share into generate calls.
+            "rollout_micro_batch_size": rollout_micro if rollout_name == "hf" else 0,
+            # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch
+            # can't).
+            "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
+        },
+        mode,
+        gpus,
+    )
+    train_batch = batches["train_batch_size"]
     rows = _as_number(inputs.get("train_rows", 0), "train_rows", problems)
     refusals = tier.get("refuse") or {}
     allow_refused = _as_bool(inputs.get("allow_refused_tier", False), "allow_refused_tier", problems)
@@ -183,15 +368,11 @@ def launch_script_settings(profile, inputs):
         "use_remove_padding": pick(
             "use_remove_padding", profile.get("attn_implementation", "") == "flash_attention_2", flag
         ),
-        # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch can't).
-        "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
+        **batches,
         # One checkpoint an epoch, and one at the last step.
         "save_freq": pick("save_freq", epoch_steps, number),
         # One validation an epoch too (and verl's before step 1 and at the last step).
         "test_freq": pick("test_freq", epoch_steps, _as_freq),
-        # --smoke's batch: two micro batches per GPU (verl divides the mini batch by the GPU count and needs it
-        # divisible by the micro batch).
-        "smoke_batch": 2 * micro * world_size,
         # Why this card cannot train the default model (gpu_preflight_launch_tiers); empty = it can.
         "tier_refusal": "" if allow_refused else refusals.get(profile.get("dtype", "float32"), ""),
         "problems": problems,

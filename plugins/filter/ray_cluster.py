@@ -6,8 +6,10 @@ cluster Ray reports is the one the inventory asks for. Table-tested without host
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import ipaddress
 import json
+from pathlib import Path
 
 # What must match on every member for verl's trainer.n_gpus_per_node to hold everywhere: one GPU model and count.
 PROFILE_KEYS = ("name", "gpu_name", "gpu_count", "compute_cap")
@@ -363,121 +365,50 @@ def ray_cluster_firewall(members, ports, owner_uid):
     )
 
 
-# --- What verl 0.4.1 asserts about a world size (python/tests/test_ray_cluster_batches.py) ---
-# The checks a job would otherwise meet at worker init, each with the line of verl that makes it.
-VERL_SPLITS = {
-    "train": "verl/trainer/ppo/ray_trainer.py:377, verl/protocol.py:662",
-    "mini": "verl/workers/fsdp_workers.py:156-166",
-    "rollout": "verl/workers/rollout/hf_rollout.py:47-48",
-    "val": "verl/trainer/ppo/ray_trainer.py:649, verl/workers/rollout/hf_rollout.py:47-48",
-}
-BATCH_MODES = ("refuse", "derive")
+# --- A cluster job's batch sizes at its world size (python/tests/test_ray_cluster_batches.py) ---
+# verl's batch rules have one home, the launch settings' filter, loaded here by path (as plugins/action/
+# gpu_preflight_probe.py loads its role's rules): a filter plugin is not an importable module.
+BATCH_RULES_PATH = Path(__file__).resolve().parent / "launch_script.py"
 
 
-def _hf_chunks_split(share, rollout_micro):
-    """HFRollout.generate_sequences: max(share // micro, 1) chunks of one size (DataProto.chunk asserts it)."""
-    if not rollout_micro or share < 1:
-        return True
-    return share % max(share // rollout_micro, 1) == 0
+def _batch_rules():
+    spec = importlib.util.spec_from_file_location("launch_script_batch_rules", BATCH_RULES_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def ray_cluster_batch_faults(world, batches):
-    """What verl would refuse about `batches` at `world` ranks: [(check, reason)], empty when it runs.
-
-    batches: {train_batch_size, ppo_mini_batch_size, ppo_micro_batch_size_per_gpu, rollout_micro_batch_size
-    (0 when the rollout is not hf), val_batch_size, rollout_n (default 1)}."""
-    n = int(batches.get("rollout_n", 1) or 1)
-    train, mini = int(batches["train_batch_size"]), int(batches["ppo_mini_batch_size"])
-    micro, rollout_micro = (
-        int(batches["ppo_micro_batch_size_per_gpu"]),
-        int(batches.get("rollout_micro_batch_size") or 0),
-    )
-    val = int(batches.get("val_batch_size") or 0)
-    faults = []
-    if (train * n) % world:
-        faults.append(("train", f"train_batch_size {train} does not split across {world} ranks"))
-    normalized = mini * n // world
-    if normalized < 1 or normalized % micro:
-        faults.append(
-            (
-                "mini",
-                f"ppo_mini_batch_size {mini} // {world} ranks = {normalized}, "
-                f"not a multiple of ppo_micro_batch_size_per_gpu {micro}",
-            )
-        )
-    if not (train * n) % world and not _hf_chunks_split(train // world, rollout_micro):
-        faults.append(
-            ("rollout", f"each rank's {train // world} prompts do not cut into generate calls of {rollout_micro}")
-        )
-    if val and not _hf_chunks_split(-(-val // world), rollout_micro):
-        faults.append(
-            (
-                "val",
-                f"val_batch_size {val} gives each of {world} ranks {-(-val // world)} prompts, which do not cut "
-                f"into generate calls of {rollout_micro}",
-            )
-        )
-    return faults
-
-
-def _derived(world, batches):
-    """The smallest batch sizes at or above the configured ones that verl runs at `world` ranks: the mini batch a
-    multiple of world x micro, the train batch a multiple of the mini batch (each update a whole mini batch), the
-    validation batch one generate call per rank where the configured one does not split."""
-    n = int(batches.get("rollout_n", 1) or 1)
-    micro = int(batches["ppo_micro_batch_size_per_gpu"])
-    mini = int(batches["ppo_mini_batch_size"])
-    while (mini * n // world) < 1 or (mini * n // world) % micro or (mini * n) % world:
-        mini += 1
-    train = max(int(batches["train_batch_size"]), mini)
-    train = -(-train // mini) * mini
-    derived = {**batches, "ppo_mini_batch_size": mini, "train_batch_size": train}
-    # A share that is a whole number of generate calls always cuts evenly: found within that many steps.
-    for _ in range(int(batches.get("rollout_micro_batch_size") or 0) + 1):
-        if not any(check == "rollout" for check, _ in ray_cluster_batch_faults(world, derived)):
-            break
-        train += mini
-        derived["train_batch_size"] = train
-    if any(c == "val" for c, _ in ray_cluster_batch_faults(world, derived)):
-        derived["val_batch_size"] = int(batches.get("rollout_micro_batch_size") or 1) * world
-    return derived
+RULES = _batch_rules()
 
 
 def ray_cluster_batches(plan, batches, mode="refuse"):
     """The batch sizes a cluster's job trains with: the configured ones where verl runs them at the plan's world size
     (nnodes x gpus_per_node); else a refusal naming the members, what verl would assert and the node counts that
-    work (mode refuse), or the smallest sizes that run (mode derive), said in `note`.
+    work (mode refuse), or the smallest sizes that run (mode derive), said in `note`. The rules are the launch
+    settings' (plugins/filter/launch_script.py, judge_batches).
     Returns {world, train_batch_size, ppo_mini_batch_size, val_batch_size, derived: bool, note, refusal}."""
-    if mode not in BATCH_MODES:
-        raise ValueError(f"ray_cluster_batch_sizes is {mode!r}; it is one of {', '.join(BATCH_MODES)}")
+    if mode not in RULES.BATCH_MODES:
+        raise ValueError(f"ray_cluster_batch_sizes is {mode!r}; it is one of {', '.join(RULES.BATCH_MODES)}")
     world = int(plan["nnodes"]) * int(plan["gpus_per_node"])
-    keys = ("train_batch_size", "ppo_mini_batch_size", "val_batch_size")
-    result = {k: int(batches.get(k) or 0) for k in keys}
-    result.update(world=world, derived=False, note="", refusal="")
-    if world < 1:
-        return result
-    faults = ray_cluster_batch_faults(world, batches)
-    if not faults:
+    judged = RULES.judge_batches(world, batches, mode)
+    result = {k: judged[k] for k in RULES.BATCH_KEYS}
+    result.update(world=world, derived=judged["derived"], note="", refusal="")
+    if not judged["why"]:
         return result
     cluster, members = plan["cluster"], ", ".join(plan["members"])
     shape = f"{plan['nnodes']} node(s) x {plan['gpus_per_node']} GPU(s) = {world} ranks"
-    why = "; ".join(f"{reason} (verl asserts it at {VERL_SPLITS[check]})" for check, reason in faults)
-    if mode == "derive":
-        derived = _derived(world, batches)
-        changed = [f"{k} {result[k]} -> {derived[k]}" for k in keys if int(derived.get(k) or 0) != result[k]]
-        result.update({k: int(derived.get(k) or 0) for k in keys}, derived=True)
+    if judged["derived"]:
         result["note"] = (
-            f"cluster {cluster} ({members}): {shape}: {why}; derived (ray_cluster_batch_sizes: derive): "
-            f"{', '.join(changed)}"
+            f"cluster {cluster} ({members}): {shape}: {judged['why']}; derived (ray_cluster_batch_sizes: derive): "
+            f"{', '.join(judged['changed'])}"
         )
         return result
     gpus = int(plan["gpus_per_node"])
-    # The validation batch at its default (one generate call per rank) for the other node counts.
-    unvalidated = {**batches, "val_batch_size": 0}
-    fits = [k for k in range(1, max(int(plan["nnodes"]), 8) + 1) if not ray_cluster_batch_faults(k * gpus, unvalidated)]
+    counts = range(1, max(int(plan["nnodes"]), 8) + 1)
+    fits = [w // gpus for w in RULES.worlds_that_split([k * gpus for k in counts], batches)]
     sizes = ", ".join(f"{k} ({k * gpus} ranks)" for k in fits) or "none up to 8"
     result["refusal"] = (
-        f"cluster {cluster} ({members}): {shape}, which verl cannot split: {why}. Node counts of "
+        f"cluster {cluster} ({members}): {shape}, which verl cannot split: {judged['why']}. Node counts of "
         f"{gpus} GPU(s) that train with these batch sizes: {sizes}. Change the cluster's members, set "
         f"launch_script_train_batch_size / launch_script_ppo_mini_batch_size for it, or set ray_cluster_batch_sizes: "
         f"derive to train with the smallest sizes that split"

@@ -672,6 +672,7 @@ SANDBOX_PROFILES = {
     ),
     "p40x2": ("accepted", "pascal"),
     "p40-ecc-off": ("accepted", "pascal"),
+    "p40x3": ("accepted", "pascal"),
     "p4": ("accepted", "pascal"),
     "p100": ("accepted", "pascal"),
     "gtx1080ti": ("accepted", "pascal"),

@@ -41,6 +41,8 @@ INPUTS = {
         "test_freq",
         "train_rows",
         "train_batch_size",
+        "ppo_mini_batch_size",
+        "batch_sizes",
         "allow_refused_tier",
     )
 }

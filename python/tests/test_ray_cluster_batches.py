@@ -1,8 +1,7 @@
-"""ray_cluster's judgement of a cluster job's batch sizes at its world size, table-tested without hosts: what verl
-0.4.1 asserts before the first step (the train batch split across ranks, ray_trainer.py:377 and protocol.py:662; the
-mini batch per rank a multiple of the micro batch, fsdp_workers.py:156-166; each rank's share cut into equal hf
-generate calls, hf_rollout.py:47-48, for training and validation), the refusal that names the node counts that work,
-the sizes derived instead, and launch_script_environment names that verl's ray.init or the job sets again."""
+"""ray_cluster's judgement of a cluster job's batch sizes at its world size, table-tested without hosts: verl
+0.4.1's batch rules (the launch settings', plugins/filter/launch_script.py, whose table is
+test_launch_script_batches.py) applied to the cluster's ranks, the refusal that names the node counts that work, the
+sizes derived instead, and launch_script_environment names that verl's ray.init or the job sets again."""
 
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 RULES = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_batches")
+# The rules' home (the launch settings' filter), whose table is test_launch_script_batches.py.
+BATCH_RULES = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "ray_cluster_batch_rules")
 # Batch sizes of a P40 launch script (micro 4 and hf generate calls of 64: the 24 GB tier before the sweep), the
 # validation batch one generate call per rank. The table holds the rules, not the defaults.
 P40 = {"train_batch_size": 256, "ppo_mini_batch_size": 64, "ppo_micro_batch_size_per_gpu": 4}
@@ -26,31 +27,6 @@ def sizes(world, **changes):
 def plan(nnodes, gpus=1):
     members = [f"n{i}" for i in range(1, nnodes + 1)]
     return {"cluster": "demo", "head": "n1", "members": members, "nnodes": nnodes, "gpus_per_node": gpus}
-
-
-@pytest.mark.parametrize(
-    ("world", "changes", "checks"),
-    [
-        (1, {}, []),
-        (2, {}, []),
-        (3, {}, ["train", "mini"]),
-        (4, {}, []),
-        (5, {}, ["train"]),  # 64 // 5 = 12 is a multiple of 4: only the train batch fails
-        (6, {}, ["train", "mini"]),
-        (7, {}, ["train", "mini"]),
-        (8, {}, []),
-        (32, {}, ["mini"]),  # 64 // 32 = 2 < micro 4
-        (128, {}, ["mini"]),  # 64 // 128 = 0
-        (2, {"rollout_micro_batch_size": 42}, ["rollout"]),  # 128 per rank in 128 // 42 = 3 calls
-        (2, {"rollout_micro_batch_size": 0}, []),  # vLLM: no hf generate calls to cut
-        (2, {"val_batch_size": 262}, ["val"]),  # 131 per rank in 2 calls
-        (2, {"val_batch_size": 100}, []),  # 50 per rank: one call
-        (4, {"rollout_n": 2, "ppo_mini_batch_size": 8}, []),  # 8 x 2 // 4 = 4
-        (4, {"rollout_n": 1, "ppo_mini_batch_size": 8}, ["mini"]),  # 8 // 4 = 2
-    ],
-)
-def test_faults(world, changes, checks):
-    assert [check for check, _ in RULES.ray_cluster_batch_faults(world, sizes(world, **changes))] == checks
 
 
 def test_three_ranks_are_refused_naming_the_members_and_the_node_counts_that_work():
@@ -100,7 +76,7 @@ def test_derived_sizes_split(nnodes, gpus, changes, want):
     assert judged["note"].startswith(f"cluster demo ({', '.join(plan(nnodes)['members'])}): ")
     assert "derived (ray_cluster_batch_sizes: derive): " in judged["note"]
     again = {**batches, "train_batch_size": got[0], "ppo_mini_batch_size": got[1], "val_batch_size": got[2]}
-    assert RULES.ray_cluster_batch_faults(world, again) == []
+    assert BATCH_RULES.batch_faults(world, again) == []
 
 
 def test_sizes_that_split_are_kept_in_either_mode():
