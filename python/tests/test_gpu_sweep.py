@@ -21,6 +21,13 @@ from tests.gpu.sweep import ATTENTION, effective
 from tests.launch_render import render
 
 RECORD = json.loads((REPO_ROOT / "docs" / "gpu-runs" / "sweep" / "p40-1x.json").read_text())
+# The sweep under the card as it reports itself (ECC on, the whole device sampled) has not run yet: its runs predate
+# it. Strict: the new record must pass these.
+PENDING = pytest.mark.xfail(
+    "card_total_mib" not in RECORD,
+    strict=True,
+    reason="pending: the sweep has not run under the ECC-on card's whole-device budget (make gpu-sweep on a GPU)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +37,7 @@ def rendered(tmp_path_factory):
     return {**effective(today["p40-1x"].overrides), ATTENTION: CASES["p40-1x"].profile["attn_implementation"]}
 
 
+@PENDING
 def test_each_run_ran_the_rendering_of_its_time_and_says_what_fits():
     """Fitting is judged again here from the device samples on record, against the case's card as today's code
     emulates it: a record that says fits without samples, or of another card, fails."""
@@ -51,6 +59,7 @@ def test_each_run_ran_the_rendering_of_its_time_and_says_what_fits():
         assert not set(run["not_run"]) & set(configs)
 
 
+@PENDING
 def test_today_s_p40_rendering_is_a_swept_configuration_within_ten_percent_of_the_fastest(rendered):
     """Compared within each run that ran it (one machine, one call): never across machines."""
     runs = [run for run in RECORD["runs"] if any(f["effective_overrides"] == rendered for f in run["configs"].values())]
@@ -66,7 +75,10 @@ def test_today_s_p40_rendering_is_a_swept_configuration_within_ten_percent_of_th
         (name,) = [n for n, f in run["configs"].items() if f["effective_overrides"] == rendered]
         chosen = run["configs"][name]
         fastest = run["configs"][run["fastest_fitting"]]["seconds_per_step"]
-        assert chosen["fits"], f"{name}: the device's peak is over the card's total: {chosen['budget']}"
+        judged = device_memory.budget(
+            chosen.get("device") or {}, CASES["p40-1x"].memory_mib, device_memory.EXTRA_CONTEXT_MIB
+        )
+        assert chosen["ran"] and judged["fits"], f"{name}: the device's peak is over the card's total: {judged}"
         assert chosen["seconds_per_step"] <= 1.10 * fastest, (run["date"], name, chosen["seconds_per_step"], fastest)
 
 
