@@ -63,7 +63,8 @@ def test_each_p40_total_renders_a_launch_script(rendered, name):
     assert not found.refused and found.script is not None, found.refused
     overrides = dict(o.lstrip("+").split("=", 1) for o in found.overrides)
     tier = p40_profile(*P40_TOTALS[name])["launch"]
-    assert overrides["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == str(tier["ppo_micro_batch_size_per_gpu"])
+    micro = overrides["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]
+    assert micro == str(tier["ppo_micro_batch_size_per_gpu"])
 
     # One rendering for both ECC states (the host's name aside): the defaults are sized for the smaller card.
     def unnamed(host):

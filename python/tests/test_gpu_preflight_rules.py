@@ -627,8 +627,8 @@ def sandbox_report(profile_name: str) -> dict:
         if "compute_cap" in spec.get("missing_fields", []):
             gpu["compute_cap"] = ""
         # As the probe reads the stand-in's ecc.mode.current and ecc.mode.pending.
-        gpu["ecc"] = PROBE.ecc_state(gpu.get("ecc", "[N/A]"))
-        gpu["ecc_pending"] = PROBE.ecc_state(gpu.pop("ecc_pending", "") or gpu["ecc"] and gpu.get("ecc", ""))
+        raw = gpu.get("ecc", "[N/A]")
+        gpu["ecc"], gpu["ecc_pending"] = PROBE.ecc_state(raw), PROBE.ecc_state(gpu.pop("ecc_pending", raw))
     if spec["driver_version"] is None:
         found.update(nvidia_pci_devices=0, kernel_module_version="", kernel_module={"version": "", "flavor": ""})
         smi.update(path="", rc=None, output="", gpus=[])
