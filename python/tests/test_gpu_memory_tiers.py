@@ -1,7 +1,7 @@
 """A card trains as it reports itself: the memory tier follows the total nvidia-smi prints with the card's ECC state,
 and the report says what ECC costs.
 
-Each P40 total below is one real cards print (docs/facts-gpu.md cites the outputs): 22919 and 23040 MiB with ECC on
+Each P40 total below is one real cards print (docs/facts-memory.md cites the outputs): 22919 and 23040 MiB with ECC on
 (older and newer drivers), 24451 and 24576 MiB with it off, and 22888 MiB, the smallest figure quoted for one (the
 capacity the P40 defaults are sized for). Each goes through gpu_preflight's own rules (plugins/filter/gpu_preflight.py,
 on a probe report) and the launch_script role renders from the profile they publish (tests/launch_render.py).

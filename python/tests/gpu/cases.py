@@ -3,7 +3,7 @@
 One case per memory tier and precision the launch script renders: the 1x P40 (24 GB tier, fp32), the
 P100 (16 GB tier), the P4 (8 GB tier: refused at render time) and one fp16-capable card, the T4. A case's card is the
 memory it reports (memory_mib, as nvidia-smi prints it): for the P40 22,888 MiB, the smallest total quoted for one with
-ECC on (real ones print 22,919 or 23,040; docs/facts-gpu.md). The GPU check caps torch at that total less what a
+ECC on (real ones print 22,919 or 23,040; docs/facts-memory.md). The GPU check caps torch at that total less what a
 process holds outside torch's allocator on the GPU machine, measured there before the runs (tests/gpu/device_memory.py,
 run_check.py), and judges each run's whole-device peak against the total. cap_gib is the fixed cap the earlier runs of
 the refused cases ran under (their records keep it: 15 GiB for a P100's 16,384 MiB, 7 for a P4's 7,680 and 14 for a

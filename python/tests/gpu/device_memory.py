@@ -25,7 +25,7 @@ SAMPLE_SECONDS = 0.2
 # What the GPU machine's bare CUDA context holds beyond the emulated card's, taken off each process's figure. A P40's
 # context is smaller than an H100's (the stack's local memory scales with the SMs: 30 against 132, and CUDA 11.8's
 # lazy loading keeps a context near 300 MB, pytorch/pytorch#107667), but no P40 figure is published
-# (docs/facts-gpu.md), so none is taken off: the H100's whole figure is held against the P40's reported total.
+# (docs/facts-memory.md), so none is taken off: the H100's whole figure is held against the P40's reported total.
 EXTRA_CONTEXT_MIB = 0
 APPS_QUERY = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
 USED_QUERY = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]

@@ -6,7 +6,7 @@ the case's memory cap with TF32 off. Every configuration runs alone on the GPU, 
 process, so each first step pays the same start-up costs, and every process's device memory is sampled through it
 (tests/gpu/device_memory.py). A configuration fits when it ran to the end and the device's peak (every process, CUDA
 contexts, NCCL, less the GPU machine's extra context) stays within the emulated card's reported total: for the P40
-22,888 MiB, the smallest total quoted for one with ECC on (docs/facts-gpu.md).
+22,888 MiB, the smallest total quoted for one with ECC on (docs/facts-memory.md).
 
 What the sweep varies, on top of the rendering (the last sweep's winner under a 24,576 MiB card, whose allocator cap
 left no room for what a process holds beside torch's allocator):
