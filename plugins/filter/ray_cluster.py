@@ -299,19 +299,18 @@ def ray_cluster_firewall(members, ports, owner_uid):
     """The host's nftables ruleset for Ray, as the text of an `nft -f` file (tested by loading it in a network
     namespace, python/tests/test_ray_cluster_firewall.py).
 
-    members: the IPv4 addresses of the cluster's members; ports: the TCP ports and ranges Ray listens on
-    ([port] or [low, high]); owner_uid: the env owner, who runs Ray. A new connection to one of those ports is
-    admitted only from a member or from this host itself, and from this host only when it is opened by the owner
-    or root: another local account can neither submit a job (dashboard on 127.0.0.1, GCS, client server) nor reach
-    a raylet, here or on another member. Only new connections are judged (`ct state new`): Ray's port 52365 lies
-    in Linux's ephemeral range, where replies to this host's own outgoing connections arrive.
+    members: the IPv4 addresses of the cluster's members, none for a host in no cluster (its launch script's own
+    Ray, on 127.0.0.1); ports: the TCP ports and ranges Ray listens on ([port] or [low, high]); owner_uid: the env
+    owner, who runs Ray. A new connection to one of those ports is admitted only from a member or from this host
+    itself, and from this host only when it is opened by the owner or root: another local account can neither submit
+    a job (dashboard or its agent on 127.0.0.1, GCS, client server) nor reach a raylet, here or on another member.
+    Only new connections are judged (`ct state new`): Ray's port 52365 lies in Linux's ephemeral range, where
+    replies to this host's own outgoing connections arrive. The rules are the inet family's: IPv6 too.
     Raises ValueError on anything that is not an address, a port or a uid."""
     try:
         addresses = sorted({str(ipaddress.IPv4Address(str(a))) for a in members}, key=ipaddress.IPv4Address)
     except ValueError as error:
         raise ValueError(f"a member's address is not an IPv4 address: {error}") from None
-    if not addresses:
-        raise ValueError("a cluster without members has no firewall")
     spans = []
     for entry in ports:
         low, high = (entry[0], entry[-1]) if isinstance(entry, (list, tuple)) else (entry, entry)
@@ -331,6 +330,13 @@ def ray_cluster_firewall(members, ports, owner_uid):
         raise ValueError(f"the owner's uid must be a positive number (the owner is never root): {owner_uid!r}")
     elements = ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in merged)
     table = FIREWALL_TABLE
+    # No members (a host in no cluster): no set of them, and no rule that names one (nft refuses an empty set's
+    # elements list).
+    members = (
+        ["    set members {", "        type ipv4_addr;", f"        elements = {{ {', '.join(addresses)} }}", "    }"]
+        if addresses
+        else []
+    )
     return "\n".join(
         [
             "# Managed by p40fleet (ray_cluster): Ray's ports, for the cluster's members and the env owner only.",
@@ -341,21 +347,18 @@ def ray_cluster_firewall(members, ports, owner_uid):
             "        type inet_service; flags interval;",
             f"        elements = {{ {elements} }}",
             "    }",
-            "    set members {",
-            "        type ipv4_addr;",
-            f"        elements = {{ {', '.join(addresses)} }}",
-            "    }",
+            *members,
             "    chain input {",
             "        type filter hook input priority filter; policy accept;",
             '        ct state new tcp dport @ports iif "lo" accept',
-            "        ct state new tcp dport @ports ip saddr @members accept",
+            *(["        ct state new tcp dport @ports ip saddr @members accept"] if addresses else []),
             "        ct state new tcp dport @ports reject with tcp reset",
             "    }",
             "    chain output {",
             "        type filter hook output priority filter; policy accept;",
             f"        ct state new tcp dport @ports meta skuid {{ 0, {uid} }} accept",
             '        ct state new tcp dport @ports oif "lo" reject with tcp reset',
-            "        ct state new tcp dport @ports ip daddr @members reject with tcp reset",
+            *(["        ct state new tcp dport @ports ip daddr @members reject with tcp reset"] if addresses else []),
             "    }",
             "}",
             "",
