@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 
 # What must match on every member for verl's trainer.n_gpus_per_node to hold everywhere: one GPU model and count.
 PROFILE_KEYS = ("name", "gpu_name", "gpu_count", "compute_cap")
@@ -16,6 +17,15 @@ NODE_STATES = ("ALIVE", "DEAD")
 
 class RayClusterError(ValueError):
     """Ray's answer is not the data it should be."""
+
+
+# What a terminal acts on rather than shows (p40fleet.progress.CONTROLS names them): removed from the strings of Ray's
+# answers that reach the operator, after their JSON is decoded (a `\u001b` escape decodes to ESC).
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _shown(text):
+    return CONTROLS.sub("", text)
 
 
 # What `ray list ... --format=json` of Ray 2.47 prints instead of `[]` when there is nothing to list.
@@ -278,15 +288,20 @@ def ray_cluster_status(nodes_text, jobs_text, plan):
         }
         for name in plan["members"]
     ]
+    # Ray's strings (the owner's processes talking) reach the operator without control characters; names are matched
+    # to the members as Ray gave them, so a stray cannot pass for a member by a character that is not shown.
+    for member in members:
+        member["ip"] = _shown(member["ip"])
+    last = jobs[-1] if jobs else None
     return {
         "cluster": plan["cluster"],
         "head": plan["head"],
         "members": members,
-        "strays": sorted(n for n in alive if n not in plan["members"]),
+        "strays": sorted(_shown(n) for n in alive if n not in plan["members"]),
         "gpus": sum(m["gpus"] for m in members),
         "gpus_wanted": plan["nnodes"] * plan["gpus_per_node"],
-        "last_job": jobs[-1] if jobs else None,
-        "error": "; ".join(errors),
+        "last_job": {**last, "id": _shown(last["id"]), "entrypoint": _shown(last["entrypoint"])} if last else None,
+        "error": _shown("; ".join(errors)),
     }
 
 
