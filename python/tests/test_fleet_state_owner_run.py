@@ -146,4 +146,3 @@ def test_a_reported_diff_loses_the_control_characters_its_json_escapes_decode_to
     assert "\\u001b" in stdin
     arguments = {"owner": OWNER, "argv": ["/bin/cat"], "stdin": stdin, "report_diff": True, "_ansible_diff": True}
     assert run_module.run(arguments)["diff"] == [{"after_header": "f", "before": "a]0;pwned\n", "after": "b[2Jc\n"}]
-
