@@ -30,6 +30,7 @@ from p40fleet.cluster import statuses
 from p40fleet.state import StateDir
 from p40fleet_dev import cpu_venv
 from p40fleet_dev.paths import REPO_ROOT
+from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening
 
 # converge: run alone, the module's image takes a fresh host through the pipeline (minutes). In site_fleet's unit:
 # its node1 is the image.
@@ -83,17 +84,6 @@ STATE_API_NODES = (
     "answer = urllib.request.urlopen('http://127.0.0.1:8265/api/v0/nodes?limit=1000', timeout=30); "
     "sys.stdout.write(answer.read().decode())"
 )
-# A TCP connection to HOST:PORT as whoever runs it: prints `connected` or `refused ERRNO` (the firewall's reset).
-CONNECT = (
-    "import socket, sys; s = socket.socket(); s.settimeout(10)\n"
-    "try:\n    s.connect((sys.argv[1], int(sys.argv[2]))); print('connected')\n"
-    "except OSError as e:\n    print('refused', e.errno)"
-)
-
-
-def connect(fleet, host, address, port, user="root"):
-    done = fleet.exec(host, f"/usr/bin/python3 -I -c {shlex.quote(CONNECT)} {address} {port}", user=user)
-    return done.stdout.split()[0] if done.stdout else done.stderr
 
 
 def alive_nodes(fleet):
@@ -308,9 +298,16 @@ def test_another_account_and_a_stranger_cannot_reach_ray(fleet):
     assert connect(fleet, "node1", head, 6379, user="intruder") == "refused"
     assert connect(fleet, "node1", "127.0.0.1", 8265, user=OWNER) == "connected"
     assert connect(fleet, "node2", head, 6379, user=OWNER) == "connected"
-    # node4 is no member yet: even as root it cannot reach the head's GCS or a worker's raylet.
-    assert connect(fleet, "node4", head, 6379) == "refused"
-    assert connect(fleet, "node4", fleet.host("node2").address, 6380) == "refused"
+    # node4 is no member yet: even as root it reaches no port a member's Ray listens on, over IPv4 or IPv6.
+    uid = fleet.exec("node1", f"id -u {OWNER}").stdout.strip()
+    for member in ("node1", "node2", "node3"):
+        ports = sorted({port for address, port in listening(fleet, member, uid) if address not in LOOPBACK})
+        assert {6380, 6381, 52365} <= set(ports), (member, ports)
+        addresses = [fleet.host(member).address, *ipv6_addresses(fleet, member)]
+        assert len(addresses) > 1, f"{member} has no IPv6 address on eth0 to knock on"
+        for port in ports:
+            for address in addresses:
+                assert connect(fleet, "node4", address, port) == "refused", (member, address, port)
     # The submit command is the owner's alone.
     refused = fleet.exec("node1", "p40fleet-ray-submit --nodes", user="intruder")
     assert refused.returncode != 0 and "ray-jobs" not in refused.stdout
