@@ -1,10 +1,12 @@
-"""Knocking on Ray's ports in the sandbox (test_ray_cluster.py, test_ray_single_host.py): which TCP ports an
-account's processes listen on, and whether a connection to one is accepted, from any host and as any account,
-over IPv4 or IPv6."""
+"""Ray in the sandbox (test_ray_cluster.py, test_ray_single_host.py): the stand-in trainer put in place of verl's in a
+script the roles rendered; which TCP ports an account's processes listen on, and whether a connection to one is
+accepted, from any host and as any account, over IPv4 or IPv6."""
 
 from __future__ import annotations
 
+import base64
 import shlex
+from pathlib import PurePosixPath
 
 # A TCP connection to HOST:PORT (IPv6 where HOST has a colon) as whoever runs it: `connected`, or `refused ERRNO`
 # (a firewall's reset, nothing listening, or no answer within the time limit).
@@ -47,3 +49,21 @@ def ipv6_addresses(fleet, host, interface="eth0"):
             text = ":".join(fields[0][i : i + 4] for i in range(0, 32, 4))
             addresses.append(f"{text}%{interface}" if text.startswith("fe80") else text)
     return addresses
+
+
+def swap_in_trainer(fleet, host, files, script, trainer, copy=None):
+    """Write `files` ({path on the host: bytes}, root's, 0644) on `host`, then replace `-m verl.trainer.main_ppo` by
+    `trainer` (a path) in `script`, or in `copy`, a copy of it made first: every other line as the role rendered it.
+    Returns how many lines were replaced."""
+    steps = []
+    for path, data in files.items():
+        encoded = base64.b64encode(data).decode()
+        steps.append(f"install -d -m 0755 {PurePosixPath(path).parent} && echo {encoded} | base64 -d > {path}")
+        steps.append(f"chmod 0644 {path}")
+    original = f"/root/{PurePosixPath(script).name}.orig"
+    edited = copy or script
+    steps += [f"cp -p {script} {original}", f"cp -p {script} {edited}"] if copy else [f"cp -p {script} {original}"]
+    steps.append(f'sed -i \'s|"$PYTHON" -m verl.trainer.main_ppo |"$PYTHON" {trainer} |\' {edited}')
+    done = fleet.exec(host, " && ".join(steps) + f" && diff {original} {edited} | grep -c '^>'")
+    assert done.stdout.strip().isdigit(), done.stdout + done.stderr
+    return int(done.stdout)

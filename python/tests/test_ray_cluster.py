@@ -17,7 +17,6 @@ submit command, after the network measurement with the CPU venv's real torch, wh
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shlex
@@ -30,7 +29,7 @@ from p40fleet.cluster import statuses
 from p40fleet.state import StateDir
 from p40fleet_dev import cpu_venv
 from p40fleet_dev.paths import REPO_ROOT
-from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening
+from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening, swap_in_trainer
 
 # converge: run alone, the module's image takes a fresh host through the pipeline (minutes). In site_fleet's unit:
 # its node1 is the image.
@@ -228,15 +227,8 @@ def test_a_cluster_job_started_by_p40fleet_train_runs_on_ray_to_its_end(fleet, t
         assert made.returncode == 0, made.stderr
     submit = "/usr/local/bin/p40fleet-ray-submit"
     standin_submit = "/opt/p40fleet-standin/p40fleet-ray-submit"
-    encoded = base64.b64encode(STANDIN.read_bytes()).decode()
-    made = fleet.exec(
-        "node1",
-        f"echo {encoded} | base64 -d > {STANDIN_ON_HOST} && chmod 0644 {STANDIN_ON_HOST}"
-        f" && cp -p {submit} {standin_submit}"
-        f' && sed -i \'s|"$PYTHON" -m verl.trainer.main_ppo |"$PYTHON" {STANDIN_ON_HOST} |\' {standin_submit}'
-        f" && diff {submit} {standin_submit} | grep -c '^>'",
-    )
-    assert made.stdout.strip() == "1", made.stdout + made.stderr
+    files = {STANDIN_ON_HOST: STANDIN.read_bytes()}
+    assert swap_in_trainer(fleet, "node1", files, submit, STANDIN_ON_HOST, copy=standin_submit) == 1
     # Two seconds a step: the job is still running when start reads its status.
     steps = ["trainer.total_training_steps=6", "trainer.save_freq=3", "trainer.test_freq=3", "+standin.step_seconds=2"]
     job = {
@@ -377,6 +369,9 @@ def test_a_removed_member_leaves(fleet):
     }
     assert fleet.exec("node4", "test -e /etc/systemd/system/p40fleet-ray.service").returncode == 1
     assert fleet.exec("node4", "pgrep -u p40fleet raylet").returncode == 1
+    # It trains alone from now on: p40fleet's table stays, without members, for the launch script's own Ray.
+    table = fleet.exec("node4", "nft list table inet p40fleet_ray")
+    assert table.returncode == 0 and "members" not in table.stdout and "6390" in table.stdout, table.stdout
 
 
 def test_a_mixed_cluster_is_refused_with_its_reason(fleet):

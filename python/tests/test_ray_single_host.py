@@ -15,9 +15,7 @@ module runs alone), under the stand-in service manager."""
 
 from __future__ import annotations
 
-import base64
 import re
-import shlex
 import time
 
 import pytest
@@ -25,7 +23,7 @@ import pytest
 from p40fleet import train
 from p40fleet.state import StateDir
 from p40fleet_dev.paths import REPO_ROOT
-from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening
+from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening, swap_in_trainer
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge, pytest.mark.xdist_group("site-fleet")]
 
@@ -72,16 +70,8 @@ def fleet(make_sandbox, site_image, tmp_path_factory):
 def test_a_lone_run_keeps_its_own_ray_to_root_and_the_owner(fleet):
     owner_uid = fleet.exec("node1", f"id -u {OWNER}").stdout.strip()
     # The trainer, root's; the launch script site.yml rendered, with it in place of verl's module and nothing else.
-    encoded = base64.b64encode(STANDIN.read_bytes()).decode()
-    made = fleet.exec(
-        "node1",
-        f"install -d -m 0755 {STANDIN_DIR} && echo {encoded} | base64 -d > {STANDIN_DIR}/verl_standin.py"
-        f" && printf %s {shlex.quote(RUN_PPO)} > {TRAINER} && chmod 0644 {TRAINER} {STANDIN_DIR}/verl_standin.py"
-        f" && cp -p {SCRIPT} /root/launch.orig"
-        f' && sed -i \'s|"$PYTHON" -m verl.trainer.main_ppo |"$PYTHON" {TRAINER} |\' {SCRIPT}'
-        f" && diff /root/launch.orig {SCRIPT} | grep -c '^>'",
-    )
-    assert made.stdout.strip() == "3", made.stdout + made.stderr
+    files = {f"{STANDIN_DIR}/verl_standin.py": STANDIN.read_bytes(), TRAINER: RUN_PPO.encode()}
+    assert swap_in_trainer(fleet, "node1", files, SCRIPT, TRAINER) == 3
     assert "--node-ip-address=127.0.0.1" in fleet.exec("node1", f"cat {SCRIPT}").stdout
 
     # Another account starts a head first: the default port and the shared, world-writable /tmp/ray.
