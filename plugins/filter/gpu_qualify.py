@@ -148,15 +148,40 @@ def _ecc_counts(errors):
     return (sum(corrected) if corrected else None), (sum(uncorrected) if uncorrected else None)
 
 
-def parse_smi_q(text):
-    """The cards of one `nvidia-smi -q` report, each as the facts the verdict reads."""
+# A card's process list, the last section of its block: each process's name as the process set it, newlines and all.
+PROCESSES = re.compile(r"^ {4}Processes\b")
+
+
+class SmiReportError(ValueError):
+    """A report whose structure a process name could have forged: it is not judged."""
+
+
+def _without_processes(body):
+    """A card's lines up to its process list: what follows it is the processes' own text (a name may hold a newline
+    and lines that look like the card's: `    Serial Number : ...`, a whole `ECC Errors` section)."""
+    lines = body.splitlines()
+    end = next((i for i, line in enumerate(lines) if PROCESSES.match(line)), len(lines))
+    return lines[:end]
+
+
+def parse_smi_q(text, host="this host"):
+    """The cards of one `nvidia-smi -q` report, each as the facts the verdict reads. Each card's process list is left
+    out; a report with more GPU sections than its header's `Attached GPUs` (a process name can print a `GPU <bus>`
+    line of its own), or with one bus id or serial twice, raises SmiReportError."""
     sections = re.split(r"^GPU (?=[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:)", text, flags=re.MULTILINE)
     head = _tree(sections[0].splitlines())
     driver = _get(head, "Driver Version")
+    attached = integer(_get(head, "Attached GPUs"))
+    if attached is not None and attached != len(sections) - 1:
+        raise SmiReportError(
+            f"{host}: root's nvidia-smi -q lists {len(sections) - 1} GPU section(s) where its header says Attached "
+            f"GPUs {attached}: a process's name (printed as it is) can make a section of its own, so the report is "
+            "not judged; do: stop the processes on the cards (nvidia-smi lists them) and qualify again"
+        )
     cards = []
     for section in sections[1:]:
         bus_line, _, body = section.partition("\n")
-        gpu = _tree(body.splitlines())
+        gpu = _tree(_without_processes(body))
         reasons_label = next((k for k in ("Clocks Event Reasons", "Clocks Throttle Reasons") if k in gpu), "")
         # Drivers too old for the card answer the whole section with one "N/A".
         reasons_node = gpu.get(reasons_label) if isinstance(gpu.get(reasons_label), dict) else {}
@@ -222,6 +247,16 @@ def parse_smi_q(text):
                 },
             }
         )
+    named = (("bus id", lambda c: bus_key(c["bus_id"]), lambda c: c["bus_id"]), ("serial", card_id, card_id))
+    for what, key, shown in named:
+        keys = [key(c) for c in cards]
+        twice = sorted({shown(c) for c in cards if key(c) and keys.count(key(c)) > 1})
+        if twice:
+            raise SmiReportError(
+                f"{host}: root's nvidia-smi -q names {what} {', '.join(twice)} for more than one card: one card's "
+                "history would overwrite another's, so the report is not judged; do: stop the processes on the cards "
+                "(a process's name can forge a card's lines) and qualify again"
+            )
     return cards
 
 
@@ -507,7 +542,7 @@ def _retired_total(retired):
 def gpu_qualify_verdicts(collected, history, settings):
     """One verdict per card of a host. `collected`: the texts root's commands returned (smi_q, samples,
     samples_fields, kernel_log); `history`: the controller's record ({'cards': {id: last verdict}})."""
-    cards = parse_smi_q(collected["smi_q"])
+    cards = parse_smi_q(collected["smi_q"], settings.get("host", "this host"))
     samples = parse_samples(collected["samples"], collected["samples_fields"])
     xids = parse_xids(collected.get("kernel_log", ""))
     known = (history or {}).get("cards") or {}

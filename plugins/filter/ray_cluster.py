@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import ipaddress
 import json
+import re
 from pathlib import Path
 
 # What must match on every member for verl's trainer.n_gpus_per_node to hold everywhere: one GPU model and count.
@@ -18,6 +19,15 @@ NODE_STATES = ("ALIVE", "DEAD")
 
 class RayClusterError(ValueError):
     """Ray's answer is not the data it should be."""
+
+
+# What a terminal acts on rather than shows (p40fleet.progress.CONTROLS names them): removed from the strings of Ray's
+# answers that reach the operator, after their JSON is decoded (a `\u001b` escape decodes to ESC).
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _shown(text):
+    return CONTROLS.sub("", text)
 
 
 # What `ray list ... --format=json` of Ray 2.47 prints instead of `[]` when there is nothing to list.
@@ -280,15 +290,20 @@ def ray_cluster_status(nodes_text, jobs_text, plan):
         }
         for name in plan["members"]
     ]
+    # Ray's strings (the owner's processes talking) reach the operator without control characters; names are matched
+    # to the members as Ray gave them, so a stray cannot pass for a member by a character that is not shown.
+    for member in members:
+        member["ip"] = _shown(member["ip"])
+    last = jobs[-1] if jobs else None
     return {
         "cluster": plan["cluster"],
         "head": plan["head"],
         "members": members,
-        "strays": sorted(n for n in alive if n not in plan["members"]),
+        "strays": sorted(_shown(n) for n in alive if n not in plan["members"]),
         "gpus": sum(m["gpus"] for m in members),
         "gpus_wanted": plan["nnodes"] * plan["gpus_per_node"],
-        "last_job": jobs[-1] if jobs else None,
-        "error": "; ".join(errors),
+        "last_job": {**last, "id": _shown(last["id"]), "entrypoint": _shown(last["entrypoint"])} if last else None,
+        "error": _shown("; ".join(errors)),
     }
 
 
@@ -301,19 +316,18 @@ def ray_cluster_firewall(members, ports, owner_uid):
     """The host's nftables ruleset for Ray, as the text of an `nft -f` file (tested by loading it in a network
     namespace, python/tests/test_ray_cluster_firewall.py).
 
-    members: the IPv4 addresses of the cluster's members; ports: the TCP ports and ranges Ray listens on
-    ([port] or [low, high]); owner_uid: the env owner, who runs Ray. A new connection to one of those ports is
-    admitted only from a member or from this host itself, and from this host only when it is opened by the owner
-    or root: another local account can neither submit a job (dashboard on 127.0.0.1, GCS, client server) nor reach
-    a raylet, here or on another member. Only new connections are judged (`ct state new`): Ray's port 52365 lies
-    in Linux's ephemeral range, where replies to this host's own outgoing connections arrive.
+    members: the IPv4 addresses of the cluster's members, none for a host in no cluster (its launch script's own
+    Ray, on 127.0.0.1); ports: the TCP ports and ranges Ray listens on ([port] or [low, high]); owner_uid: the env
+    owner, who runs Ray. A new connection to one of those ports is admitted only from a member or from this host
+    itself, and from this host only when it is opened by the owner or root: another local account can neither submit
+    a job (dashboard or its agent on 127.0.0.1, GCS, client server) nor reach a raylet, here or on another member.
+    Only new connections are judged (`ct state new`): Ray's port 52365 lies in Linux's ephemeral range, where
+    replies to this host's own outgoing connections arrive. The rules are the inet family's: IPv6 too.
     Raises ValueError on anything that is not an address, a port or a uid."""
     try:
         addresses = sorted({str(ipaddress.IPv4Address(str(a))) for a in members}, key=ipaddress.IPv4Address)
     except ValueError as error:
         raise ValueError(f"a member's address is not an IPv4 address: {error}") from None
-    if not addresses:
-        raise ValueError("a cluster without members has no firewall")
     spans = []
     for entry in ports:
         low, high = (entry[0], entry[-1]) if isinstance(entry, (list, tuple)) else (entry, entry)
@@ -333,6 +347,13 @@ def ray_cluster_firewall(members, ports, owner_uid):
         raise ValueError(f"the owner's uid must be a positive number (the owner is never root): {owner_uid!r}")
     elements = ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in merged)
     table = FIREWALL_TABLE
+    # No members (a host in no cluster): no set of them, and no rule that names one (nft refuses an empty set's
+    # elements list).
+    members = (
+        ["    set members {", "        type ipv4_addr;", f"        elements = {{ {', '.join(addresses)} }}", "    }"]
+        if addresses
+        else []
+    )
     return "\n".join(
         [
             "# Managed by p40fleet (ray_cluster): Ray's ports, for the cluster's members and the env owner only.",
@@ -343,21 +364,18 @@ def ray_cluster_firewall(members, ports, owner_uid):
             "        type inet_service; flags interval;",
             f"        elements = {{ {elements} }}",
             "    }",
-            "    set members {",
-            "        type ipv4_addr;",
-            f"        elements = {{ {', '.join(addresses)} }}",
-            "    }",
+            *members,
             "    chain input {",
             "        type filter hook input priority filter; policy accept;",
             '        ct state new tcp dport @ports iif "lo" accept',
-            "        ct state new tcp dport @ports ip saddr @members accept",
+            *(["        ct state new tcp dport @ports ip saddr @members accept"] if addresses else []),
             "        ct state new tcp dport @ports reject with tcp reset",
             "    }",
             "    chain output {",
             "        type filter hook output priority filter; policy accept;",
             f"        ct state new tcp dport @ports meta skuid {{ 0, {uid} }} accept",
             '        ct state new tcp dport @ports oif "lo" reject with tcp reset',
-            "        ct state new tcp dport @ports ip daddr @members reject with tcp reset",
+            *(["        ct state new tcp dport @ports ip daddr @members reject with tcp reset"] if addresses else []),
             "    }",
             "}",
             "",

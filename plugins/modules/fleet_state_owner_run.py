@@ -318,8 +318,9 @@ def reported_diff(stdout: str) -> list[dict]:
     except (ValueError, AttributeError):
         return []
     keys = ("before_header", "after_header", "before", "after")
+    # stdout was cleaned as text, but JSON escapes (`\u001b`) decode to control characters: cleaned again here.
     return [
-        {key: entry[key] for key in keys if isinstance(entry.get(key), str)}
+        {key: CONTROL.sub("", entry[key]) for key in keys if isinstance(entry.get(key), str)}
         for entry in entries[:100]
         if isinstance(entry, dict)
     ]

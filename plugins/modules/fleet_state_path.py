@@ -390,6 +390,38 @@ def ensure_file(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> d
         os.close(fd)
 
 
+# shutil.rmtree takes dir_fd from Python 3.11 on; the hosts' Pythons before it get remove_tree_at's own walk.
+RMTREE_DIR_FD = sys.version_info >= (3, 11) and shutil.rmtree.avoids_symlink_attacks
+
+
+def remove_tree_at(parent_fd: int, name: str, shown_as: str) -> None:
+    """Remove the directory `name` of parent_fd and all below it without following a link: every directory below is
+    opened with O_NOFOLLOW and checked to be the one listed, entries removed relative to it, so a link the owner swaps
+    in mid-removal leads nowhere. shutil.rmtree(name, dir_fd=...) does so from Python 3.11; the hosts' Pythons before
+    it (Debian 11's 3.9, Ubuntu 22.04's 3.10) get the same walk here."""
+    if RMTREE_DIR_FD:
+        shutil.rmtree(name, dir_fd=parent_fd)
+        return
+    listed = os.lstat(name, dir_fd=parent_fd)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+    except OSError as error:
+        raise Refused(f"{shown_as}: cannot be opened as a directory without following a link ({error})") from None
+    try:
+        if not os.path.samestat(listed, os.fstat(fd)):
+            raise Refused(f"{shown_as}: changed while it was being removed")
+        with os.scandir(fd) as entries:
+            found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        for entry, is_dir in found:
+            if is_dir:
+                remove_tree_at(fd, entry, f"{shown_as}/{entry}")
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
 def ensure_absent(params: dict, uid: int, trusted_uid: int, check_mode: bool) -> dict:
     try:
         fd, name, _, real = open_parent(params["path"], trusted_uid)
@@ -404,11 +436,7 @@ def ensure_absent(params: dict, uid: int, trusted_uid: int, check_mode: bool) ->
             if not params["recurse"]:
                 raise Refused(f"{real} is {describe(info)}, where a file was to be removed")
             if not check_mode:
-                # The fd-based rmtree: every directory below is opened without following a link and checked to be
-                # the one listed, so a link the owner swaps in mid-removal leads nowhere.
-                if not shutil.rmtree.avoids_symlink_attacks:
-                    raise Refused(f"{real}: this host's Python cannot remove a tree without following links")
-                shutil.rmtree(name, dir_fd=fd)
+                remove_tree_at(fd, name, real)
             return {"changed": True, "path": real}
         # unlink removes the name, never what a link points at.
         if not check_mode:

@@ -684,8 +684,10 @@ class Sandbox:
             "-v",
             f"{self.dir / 'authorized_keys'}:{home}/.ssh/authorized_keys:ro",
             *(["-v", f"{host_standins() / 'systemd'}:{STANDIN_SYSTEMD_DIR}:ro"] if services else []),
-            # A host with services loads ray_cluster's firewall (nft): its own network namespace's rules only.
-            *(["--cap-add", "NET_ADMIN"] if services else []),
+            # Every host may load p40fleet's firewall (nft: site.yml's launch_script stage, ray_cluster), as a real
+            # host's root does: its own network namespace's rules only.
+            "--cap-add",
+            "NET_ADMIN",
             *mounts,
             image,
             "sh",

@@ -137,3 +137,12 @@ def test_a_reported_diff_is_only_the_four_strings_of_each_entry():
     assert result["diff"] == [{"before_header": "f", "before": "a\n", "after": "b\n"}]
     assert "diff" not in run_module.run(arguments)
     assert run_module.run({**arguments, "stdin": "not json", "_ansible_diff": True})["diff"] == []
+
+
+def test_a_reported_diff_loses_the_control_characters_its_json_escapes_decode_to():
+    """stdout is cleaned as text; `\\u001b` in its JSON is six printable characters there, ESC once decoded."""
+    printed = {"diff": [{"before": "a\x1b]0;pwned\x07\n", "after": "b\x1b[2J\rc\n", "after_header": "\u009bf"}]}
+    stdin = json.dumps(printed)
+    assert "\\u001b" in stdin
+    arguments = {"owner": OWNER, "argv": ["/bin/cat"], "stdin": stdin, "report_diff": True, "_ansible_diff": True}
+    assert run_module.run(arguments)["diff"] == [{"after_header": "f", "before": "a]0;pwned\n", "after": "b[2Jc\n"}]

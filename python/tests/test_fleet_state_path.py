@@ -373,6 +373,30 @@ def test_a_tree_is_removed_only_through_descriptors_and_never_behind_a_swapped_p
     assert not act(env, state="absent", recurse=True)["changed"]
 
 
+@pytest.mark.parametrize("rmtree_dir_fd", [True, False], ids=["python-3.11", "before-3.11"])
+def test_a_tree_with_links_inside_goes_whole_and_nothing_behind_a_link_goes_with_it(tree, monkeypatch, rmtree_dir_fd):
+    """Before Python 3.11 shutil.rmtree has no dir_fd (Debian 11's 3.9, Ubuntu 22.04's 3.10 raised TypeError): the
+    module's own walk removes the tree the same way, links unlinked, never followed."""
+    monkeypatch.setattr(path_module, "RMTREE_DIR_FD", rmtree_dir_fd)
+    _, owned, system = tree
+    (system / "keep").write_text("root's\n")
+    before = snapshot(system / "keep")
+    env = owned / "envs" / "verl-env"
+    (env / "lib" / "site").mkdir(parents=True)
+    (env / "lib" / "site" / "mod.py").write_text("x = 1\n")
+    os.symlink(system, env / "lib" / "escape")
+    os.symlink(system / "keep", env / "keep-link")
+    os.mkfifo(env / "fifo")
+    assert act(env, state="absent", recurse=True)["changed"]
+    assert not env.exists() and snapshot(system / "keep") == before and (owned / "envs").is_dir()
+    # A link where a directory was: unlinked, what it names left as it was.
+    (env / "sub").mkdir(parents=True)
+    os.rmdir(env / "sub")
+    os.symlink(system, env / "sub")
+    assert act(env, state="absent", recurse=True)["changed"]
+    assert snapshot(system / "keep") == before and system.is_dir()
+
+
 def test_in_diff_mode_a_changed_file_returns_its_diff_and_a_dry_run_writes_nothing(tree):
     _, owned, _ = tree
     dest = owned / "train.sh"

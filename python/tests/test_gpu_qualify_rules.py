@@ -73,6 +73,72 @@ def levels(verdict: dict) -> list[tuple[str, str]]:
 # --- The parsers, on the stand-ins of both driver generations -------------------------------------------------
 
 
+# What a process on the card can print into `nvidia-smi -q`: its name, as it set it, in the card's process list.
+PROCESS = (
+    "    Processes\n"
+    "        GPU instance ID                   : N/A\n"
+    "        Compute instance ID               : N/A\n"
+    "        Process ID                        : 4242\n"
+    "            Type                          : C\n"
+    "            Name                          : {name}\n"
+    "            Used GPU Memory               : 500 MiB\n"
+)
+NO_PROCESS = "    Processes                             : None\n"
+
+
+def test_a_process_name_cannot_rewrite_its_cards_facts():
+    """The card that failed on ECC runs an owner process whose name holds newlines and the lines of a clean card:
+    the process list is not read, the card still fails on its own counts."""
+    forged = (
+        "python\n    Serial Number                         : 0324617040925\n    ECC Errors\n"
+        "        Volatile\n            DRAM Uncorrectable            : 0\n"
+        "        Aggregate\n            DRAM Uncorrectable            : 0\n"
+        "    Retired Pages\n        Double Bit ECC                    : 0"
+    )
+    case = standin("p40-ecc-errors")
+    assert NO_PROCESS in case["smi_q"]
+    case["smi_q"] = case["smi_q"].replace(NO_PROCESS, PROCESS.format(name=forged))
+    [card] = RULES.parse_smi_q(case["smi_q"])
+    assert card["serial"] == "0324617040318" and card["ecc"]["aggregate_dbe"] == 3 and card["retired"]["dbe"] == 1
+    [verdict] = RULES.gpu_qualify_verdicts(collected(case), {}, settings())
+    assert verdict["verdict"] == "fail" and verdict["id"] == "0324617040318"
+
+
+@pytest.mark.parametrize(
+    ("forged", "why"),
+    [
+        # A whole card of its own after the name: one GPU section more than the header's Attached GPUs.
+        (
+            "python\nGPU 00000000:04:00.0\n    Product Name : Tesla P40\n    Serial Number : 0324617040318",
+            "lists 2 GPU",
+        ),
+        ("python\nGPU 00000000:03:00.0\n    Serial Number : 0324617040925", "lists 2 GPU"),
+    ],
+)
+def test_a_process_name_that_makes_a_card_of_its_own_is_refused(forged, why):
+    case = standin("p40-healthy")
+    case["smi_q"] = case["smi_q"].replace(NO_PROCESS, PROCESS.format(name=forged))
+    with pytest.raises(RULES.SmiReportError, match=why) as refused:
+        RULES.gpu_qualify_verdicts(collected(case), {}, settings())
+    assert str(refused.value).startswith("gpu1: root's nvidia-smi -q ")
+
+
+def test_one_bus_id_or_serial_twice_is_refused():
+    """Where the header's count is not there to catch it (or agrees), a bus id or serial named twice still is."""
+    case = standin("p40-healthy")
+    head, _, card = case["smi_q"].partition("GPU 00000000:03:00.0\n")
+    twice = head.replace(
+        "Attached GPUs                             : 1", "Attached GPUs                             : 2"
+    )
+    for other_bus, match in (
+        ("00000000:03:00.0", "bus id 00000000:03:00.0"),
+        ("00000000:04:00.0", "serial 0324617040925"),
+    ):
+        text = f"{twice}GPU 00000000:03:00.0\n{card}GPU {other_bus}\n{card}"
+        with pytest.raises(RULES.SmiReportError, match=match):
+            RULES.parse_smi_q(text, "gpu1")
+
+
 def test_healthy_p40_report_is_read_with_the_r535_names():
     [card] = RULES.parse_smi_q(standin("p40-healthy")["smi_q"])
     assert card["name"] == "Tesla P40" and card["serial"] == "0324617040925"

@@ -176,3 +176,14 @@ def test_debian11_root_login_installs_its_own_release_packages(root_fleet, run_p
     assert root_fleet.exec("node1", MARKERS + " && command -v gcc-10 g++-10").returncode == 0
     second = run_playbook(PREREQS, root_fleet.inventory_dir)
     assert second.stats["node1"]["changed"] == 0, second.stdout
+
+
+def test_debian11_removes_a_tree_through_descriptors_with_its_python_3_9(root_fleet, run_playbook):
+    """Every env removal and Apex build cleanup removes a tree with fleet_state_path, on the host's Python: Debian
+    11's 3.9, where shutil.rmtree(dir_fd=...) raised TypeError. The link inside is removed, /etc left as it was."""
+    host = root_fleet.hosts()[0].name
+    assert root_fleet.exec(host, "python3 -c 'import sys; print(sys.version_info[:2])'").stdout.strip() == "(3, 9)"
+    result = run_playbook("python/tests/playbooks/tree_removal.yml", root_fleet.inventory_dir)
+    assert result.rc == 0, result.failures
+    assert root_fleet.exec(host, "test ! -e /srv/p40fleet-removal/env && test -d /srv/p40fleet-removal").returncode == 0
+    assert root_fleet.exec(host, "test -f /etc/passwd && test -d /etc/ssh").returncode == 0

@@ -106,3 +106,44 @@ def test_the_envs_pip_conf_is_the_owners_alone():
     tasks = yaml.safe_load((REPO_ROOT / "roles" / "pytorch" / "tasks" / "install.yml").read_text())
     (written,) = [t for t in tasks if t.get("fleet_state_path", {}).get("path") == "{{ pytorch_pip_conf_path }}"]
     assert written["fleet_state_path"]["mode"] == "0600"
+
+
+def test_the_apex_builder_envs_pip_reads_its_sources_from_a_file_of_roots_alone(tmp_path):
+    """A task's own `environment:` is prepended to the command line sudo runs (`ps` shows it every account): the
+    builder env's pip gets the torch lock's index, credentials included, from a 0600 file of root's, by path."""
+    found = rendered(tmp_path, {"pytorch_index_url": INDEX, "pytorch_find_links": ["/srv/wheels"]})
+    assert found["apex_builder_pip_conf"].splitlines()[1:] == [
+        "[global]",
+        "extra-index-url = https://pypi.org/simple",
+        "find-links = /srv/wheels",
+        f"index-url = {INDEX}",
+    ]
+    tasks = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "tasks" / "builder_env.yml").read_text())
+    (written,) = [
+        t for t in walk_tasks(tasks) if t.get("fleet_state_path", {}).get("path") == "{{ apex_builder_pip_conf_path }}"
+    ]
+    assert written["fleet_state_path"]["mode"] == "0600" and written["fleet_state_path"]["owner"] == "root"
+
+
+def test_no_task_hands_pip_its_sources_in_the_tasks_own_environment():
+    """Every task of every role whose `environment:` keyword (not a module's option) names a pip source."""
+    named = ("pip_environment", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "index_url", "find_links")
+    found = []
+    for path in sorted((REPO_ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in walk_tasks(yaml.safe_load(path.read_text()) or []):
+            if any(name in str(task.get("environment", "")) for name in named):
+                found.append((str(path.relative_to(REPO_ROOT)), task.get("name")))
+    assert found == []
+
+
+def test_every_file_written_as_secret_is_its_owners_alone():
+    """A file p40fleet marks secret (credentials may be in it: the launch environment, pip's sources, conda's
+    channels) is 0600, whoever owns it."""
+    written = []
+    for path in sorted((REPO_ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in walk_tasks(yaml.safe_load(path.read_text()) or []):
+            options = task.get("fleet_state_path") or {}
+            if options.get("secret"):
+                written.append((str(path.relative_to(REPO_ROOT)), options["path"], options.get("mode")))
+    assert any(p == "{{ conda_env_condarc_path }}" for _, p, _ in written)  # the scan sees the .condarc
+    assert [w for w in written if w[2] != "0600"] == []

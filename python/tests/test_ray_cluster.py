@@ -17,7 +17,6 @@ submit command, after the network measurement with the CPU venv's real torch, wh
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shlex
@@ -30,6 +29,7 @@ from p40fleet.cluster import statuses
 from p40fleet.state import StateDir
 from p40fleet_dev import cpu_venv
 from p40fleet_dev.paths import REPO_ROOT
+from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening, swap_in_trainer
 
 # converge: run alone, the module's image takes a fresh host through the pipeline (minutes). In site_fleet's unit:
 # its node1 is the image.
@@ -83,17 +83,6 @@ STATE_API_NODES = (
     "answer = urllib.request.urlopen('http://127.0.0.1:8265/api/v0/nodes?limit=1000', timeout=30); "
     "sys.stdout.write(answer.read().decode())"
 )
-# A TCP connection to HOST:PORT as whoever runs it: prints `connected` or `refused ERRNO` (the firewall's reset).
-CONNECT = (
-    "import socket, sys; s = socket.socket(); s.settimeout(10)\n"
-    "try:\n    s.connect((sys.argv[1], int(sys.argv[2]))); print('connected')\n"
-    "except OSError as e:\n    print('refused', e.errno)"
-)
-
-
-def connect(fleet, host, address, port, user="root"):
-    done = fleet.exec(host, f"/usr/bin/python3 -I -c {shlex.quote(CONNECT)} {address} {port}", user=user)
-    return done.stdout.split()[0] if done.stdout else done.stderr
 
 
 def alive_nodes(fleet):
@@ -238,15 +227,8 @@ def test_a_cluster_job_started_by_p40fleet_train_runs_on_ray_to_its_end(fleet, t
         assert made.returncode == 0, made.stderr
     submit = "/usr/local/bin/p40fleet-ray-submit"
     standin_submit = "/opt/p40fleet-standin/p40fleet-ray-submit"
-    encoded = base64.b64encode(STANDIN.read_bytes()).decode()
-    made = fleet.exec(
-        "node1",
-        f"echo {encoded} | base64 -d > {STANDIN_ON_HOST} && chmod 0644 {STANDIN_ON_HOST}"
-        f" && cp -p {submit} {standin_submit}"
-        f' && sed -i \'s|"$PYTHON" -m verl.trainer.main_ppo |"$PYTHON" {STANDIN_ON_HOST} |\' {standin_submit}'
-        f" && diff {submit} {standin_submit} | grep -c '^>'",
-    )
-    assert made.stdout.strip() == "1", made.stdout + made.stderr
+    files = {STANDIN_ON_HOST: STANDIN.read_bytes()}
+    assert swap_in_trainer(fleet, "node1", files, submit, STANDIN_ON_HOST, copy=standin_submit) == 1
     # Two seconds a step: the job is still running when start reads its status.
     steps = ["trainer.total_training_steps=6", "trainer.save_freq=3", "trainer.test_freq=3", "+standin.step_seconds=2"]
     job = {
@@ -308,9 +290,16 @@ def test_another_account_and_a_stranger_cannot_reach_ray(fleet):
     assert connect(fleet, "node1", head, 6379, user="intruder") == "refused"
     assert connect(fleet, "node1", "127.0.0.1", 8265, user=OWNER) == "connected"
     assert connect(fleet, "node2", head, 6379, user=OWNER) == "connected"
-    # node4 is no member yet: even as root it cannot reach the head's GCS or a worker's raylet.
-    assert connect(fleet, "node4", head, 6379) == "refused"
-    assert connect(fleet, "node4", fleet.host("node2").address, 6380) == "refused"
+    # node4 is no member yet: even as root it reaches no port a member's Ray listens on, over IPv4 or IPv6.
+    uid = fleet.exec("node1", f"id -u {OWNER}").stdout.strip()
+    for member in ("node1", "node2", "node3"):
+        ports = sorted({port for address, port in listening(fleet, member, uid) if address not in LOOPBACK})
+        assert {6380, 6381, 52365} <= set(ports), (member, ports)
+        addresses = [fleet.host(member).address, *ipv6_addresses(fleet, member)]
+        assert len(addresses) > 1, f"{member} has no IPv6 address on eth0 to knock on"
+        for port in ports:
+            for address in addresses:
+                assert connect(fleet, "node4", address, port) == "refused", (member, address, port)
     # The submit command is the owner's alone.
     refused = fleet.exec("node1", "p40fleet-ray-submit --nodes", user="intruder")
     assert refused.returncode != 0 and "ray-jobs" not in refused.stdout
@@ -380,6 +369,9 @@ def test_a_removed_member_leaves(fleet):
     }
     assert fleet.exec("node4", "test -e /etc/systemd/system/p40fleet-ray.service").returncode == 1
     assert fleet.exec("node4", "pgrep -u p40fleet raylet").returncode == 1
+    # It trains alone from now on: p40fleet's table stays, without members, for the launch script's own Ray.
+    table = fleet.exec("node4", "nft list table inet p40fleet_ray")
+    assert table.returncode == 0 and "members" not in table.stdout and "6390" in table.stdout, table.stdout
 
 
 def test_a_mixed_cluster_is_refused_with_its_reason(fleet):

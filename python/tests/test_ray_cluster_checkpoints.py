@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+import sys
 
 import pytest
+import yaml
 
+from p40fleet.run import run_playbook
 from p40fleet_dev.paths import REPO_ROOT
 from tests.launch_render import render_ray_submit
 from tests.source_modules import load_module
@@ -97,3 +100,44 @@ def test_a_shared_directory_holds_the_clusters_runs(tmp_path):
     assert "readonly CHECKPOINTS_SHARED=true" in script.read_text()
     shown = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=True).stdout
     assert f"trainer.default_local_dir={checkpoint_dir}" in shown
+
+
+def make_checkpoints(tmp_path, checkpoint_dir):
+    """tasks/checkpoints.yml on a one-member cluster over a local connection, `nobody` the env owner."""
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_become": False,
+        "p40fleet_cluster": "solo",
+        "ray_cluster_owner": "nobody",
+        "ray_cluster_checkpoint_dir": str(checkpoint_dir),
+        "ray_cluster_plan": {"cluster": "solo", "head": "h", "members": ["h"], "nnodes": 1, "gpus_per_node": 1},
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": host}}}))
+    playbook = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_checkpoints.yml"
+    return run_playbook(playbook, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand directories to another account")
+def test_the_directory_is_made_through_descriptors_never_under_a_parent_the_owner_can_swap(tmp_path):
+    """The owner's own directory as the checkpoint directory's parent: the owner could swap the directory for a link
+    (to /usr) between root's look and root's chown. Refused, nothing made; a root-owned parent gets the tree."""
+    tmp_path.chmod(0o755)
+    nobody = pwd.getpwnam("nobody")
+    owned = tmp_path / "owned"
+    owned.mkdir(mode=0o755)
+    os.chown(owned, nobody.pw_uid, nobody.pw_gid)
+    refused = make_checkpoints(tmp_path, owned / "ckpt")
+    assert refused.rc != 0
+    message = " ".join(f.message for f in refused.failures)
+    assert f"{owned} is a directory owned by nobody" in message, message
+    assert not (owned / "ckpt").exists()
+
+    (tmp_path / "shared").mkdir(mode=0o755)  # the shared filesystem's mount point
+    made = make_checkpoints(tmp_path, tmp_path / "shared" / "ckpt")
+    assert made.rc == 0, made.stdout[-3000:]
+    ckpt = tmp_path / "shared" / "ckpt"
+    found = {p.name: (p.stat().st_uid, oct(p.stat().st_mode & 0o777)) for p in (ckpt, ckpt / ".p40fleet-shared")}
+    assert found == {"ckpt": (0, "0o755"), ".p40fleet-shared": (0, "0o755")}
+    assert ((ckpt / "solo").stat().st_uid, oct((ckpt / "solo").stat().st_mode & 0o777)) == (nobody.pw_uid, "0o700")

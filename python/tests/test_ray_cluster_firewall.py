@@ -32,7 +32,9 @@ OTHER_UID = 4243
 CLIENT = "/usr/bin/python3"
 PORTS = [6379, 8265, 10001, [6380, 6384], [10002, 10999], 52365]
 # The ports the role configures by default (defaults/main.yml), as vars/main.yml lists them.
-PORTS_BY_DEFAULT = [6379, 8265, 10001, 6380, 6381, 6382, 6383, 6384, 52365, 6385, [10002, 10999]]
+PORTS_BY_DEFAULT = [6379, 8265, 10001, 6380, 6381, 6382, 6383, 6384, 6386, 6387, 52365, 6385, [10002, 10999]]
+# The launch script's own Ray (roles/launch_script/defaults/main.yml), which the cluster's table holds too.
+LAUNCH_PORTS_BY_DEFAULT = [6390, 6391, 6392, 6393, 6394, 6395, 6396, 6397, 52366, 11000, [11001, 11999]]
 
 
 def test_ruleset_admits_members_and_loopback_only():
@@ -48,10 +50,21 @@ def test_ruleset_admits_members_and_loopback_only():
     )
 
 
+def test_a_host_in_no_cluster_admits_only_root_and_the_owner_on_loopback():
+    """The launch script's own Ray on a host in no cluster: no member set, no rule that admits an address."""
+    text = RULES.ray_cluster_firewall([], [6390, [11001, 11999]], OWNER_UID)
+    lines = [line.strip() for line in text.splitlines()]
+    assert "set members {" not in lines and not any("@members" in line for line in lines)
+    assert [line for line in lines if line.endswith("accept") and "dport" in line] == [
+        'ct state new tcp dport @ports iif "lo" accept',
+        "ct state new tcp dport @ports meta skuid { 0, 4242 } accept",
+    ]
+    assert "ct state new tcp dport @ports reject with tcp reset" in lines
+
+
 @pytest.mark.parametrize(
     ("members", "ports", "uid", "wrong"),
     [
-        ([], PORTS, OWNER_UID, "without members"),
         (["10.0.0.1; flush ruleset"], PORTS, OWNER_UID, "IPv4"),
         (["10.0.0.1"], [0], OWNER_UID, "not a TCP port"),
         (["10.0.0.1"], [[10999, 10002]], OWNER_UID, "not a TCP port"),
@@ -141,14 +154,19 @@ HARNESS = textwrap.dedent(
 )
 
 
-def test_only_members_and_the_owner_reach_rays_port(tmp_path):
+@pytest.mark.parametrize(
+    ("members", "member_reaches"),
+    [(["10.77.0.1", "10.77.0.2"], "connected"), ([], "refused")],
+    ids=["cluster", "no-cluster"],
+)
+def test_only_members_and_the_owner_reach_rays_port(tmp_path, members, member_reaches):
     need_nft()
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
         pytest.skip("needs root, unshare and nsenter for network namespaces of its own")
     if not os.access(CLIENT, os.X_OK):
         pytest.skip(f"{CLIENT} is missing: the other accounts' connections are tried with the system Python")
     ruleset = tmp_path / "ray.nft"
-    ruleset.write_text(RULES.ray_cluster_firewall(["10.77.0.1", "10.77.0.2"], [6379], OWNER_UID))
+    ruleset.write_text(RULES.ray_cluster_firewall(members, [6379], OWNER_UID))
     ruleset.chmod(0o644)
     os.chmod(tmp_path, 0o755)
     done = subprocess.run(
@@ -176,7 +194,7 @@ def test_only_members_and_the_owner_reach_rays_port(tmp_path):
         "root on loopback": "connected",
         "another account on loopback": "refused",
         "another account to the fleet address": "refused",
-        "a member": "connected",
+        "a member": member_reaches,
         "an address that is no member": "refused",
     }
 
@@ -196,12 +214,14 @@ def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
+        "p40fleet_cluster": "demo",
         "ray_cluster_plan": plan,
         "ray_cluster_iface": {"name": "eth0", "address": "10.0.0.1", "error": ""},
         "ray_cluster_owner_uid": str(OWNER_UID),
         "ray_cluster_config_dir": str(tmp_path),
     }
     w1 = {"ray_cluster_iface": {"name": "eth0", "address": "10.0.0.2", "error": ""}}
+    tmp_path.chmod(0o755)  # the role's directory of its settings, as it makes it
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"head": head, "w1": w1}}}))
     run = f"{PLAYBOOK_BIN} -i {inventory} -l head {PLAYBOOK}"
@@ -219,6 +239,7 @@ def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
     assert (tmp_path / "second.rc").read_text().strip() == "0", second[-3000:]
     assert re.search(r"head\s*:\s*ok=\d+\s+changed=0\b", second), second[-1500:]
     rendered = (tmp_path / "firewall.nft").read_text()
-    assert rendered == RULES.ray_cluster_firewall(["10.0.0.1", "10.0.0.2"], PORTS_BY_DEFAULT, OWNER_UID)
+    ports = PORTS_BY_DEFAULT + LAUNCH_PORTS_BY_DEFAULT
+    assert rendered == RULES.ray_cluster_firewall(["10.0.0.1", "10.0.0.2"], ports, OWNER_UID)
     listed = (tmp_path / "listed.txt").read_text()
     assert "10.0.0.1, 10.0.0.2" in listed and "meta skuid { 0, 4242 } accept" in listed, listed

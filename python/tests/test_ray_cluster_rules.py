@@ -257,6 +257,20 @@ def test_status(nodes, jobs, alive, last, error):
     assert error in status["error"] if error else status["error"] == ""
 
 
+def test_status_strips_the_control_characters_of_rays_strings_after_decoding_them():
+    """A node name, a job id or an entrypoint the owner's processes gave Ray: their JSON escapes (\\u001b) decode to
+    characters a terminal acts on, which the status shown to the operator no longer holds; a stray stays a stray."""
+    escapes = "\x1b]0;pwned\x07\x1b[2J\u202e\r"
+    nodes = [*HEALTHY, node("a" + escapes, "10.0.0.9")]
+    jobs = [{**job("j1" + escapes, "RUNNING", 5), "entrypoint": "python x.py" + escapes}]
+    status = RULES.ray_cluster_status(json.dumps(nodes), json.dumps(jobs), PLAN)
+    assert "\\u001b" in json.dumps(nodes) and "\\u001b" in json.dumps(jobs)
+    assert status["strays"] == ["a]0;pwned[2J"]
+    assert status["last_job"]["id"] == "j1]0;pwned[2J"
+    assert status["last_job"]["entrypoint"] == "python x.py]0;pwned[2J"
+    assert [m["alive"] for m in status["members"]] == [True, True, True]
+
+
 def test_cluster_status_reads_the_heads_published_status():
     from p40fleet.cluster import statuses
 

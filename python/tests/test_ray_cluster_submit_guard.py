@@ -9,15 +9,19 @@ Needs root (the accounts are switched with setuid): without it the tests say so 
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -47,9 +51,11 @@ def head():
         # file is readable by all).
         python = work / "python"
         digest = hashlib.sha256(SECRET.encode()).hexdigest()
+        # With +standin.train=1 it trains on until stopped, as a job does.
         python.write_text(
             '#!/bin/sh\n[ "$(printf %s "${WANDB_API_KEY:-}" | sha256sum | cut -d" " -f1)" = ' + digest + " ] "
             '&& echo "driver has the secret: yes" || echo "driver has the secret: no"\n'
+            'case " $* " in *" +standin.train=1 "*) echo "training"; exec sleep 600 ;; esac\n'
         )
         python.chmod(0o755)
         result = render_ray_submit(
@@ -139,6 +145,46 @@ def test_the_secret_is_in_no_file_others_read_no_command_line_and_no_submission(
     # (hosts.yml is the controller's inventory, root's 0600, not the host's).
     holders = {p.name for p in work.rglob("*") if p.is_file() and SECRET in p.read_text(errors="replace")}
     assert holders == {"train_gsm8k_ppo.env", "hosts.yml"}
+
+
+def test_a_stopped_submit_command_stops_its_job_on_the_cluster_and_says_so(head):
+    """`p40fleet train stop --cluster` stops the head's unit: systemd sends SIGTERM to every process of it, the submit
+    command and its `ray job submit` client. The job is the cluster's and would train on; it is stopped too."""
+    work, record = head["work"], head["work"] / "home" / "stopped.json"
+    user = pwd.getpwnam(OWNER)
+    unit = subprocess.Popen(
+        [str(head["submit"]), "+standin.train=1"],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(work / "home"), "P40FLEET_STANDIN_RAY_RECORD": str(record)},
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    jobs = Path(f"{record}.jobs")
+    deadline = time.monotonic() + 30
+    while not any(jobs.glob("*.log")) or "training" not in next(jobs.glob("*.log")).read_text():
+        assert time.monotonic() < deadline and unit.poll() is None, "the job did not start"
+        time.sleep(0.2)
+    job_id = next(jobs.glob("*.pid")).stem
+    job_pid = int(next(jobs.glob("*.pid")).read_text())
+    os.killpg(unit.pid, signal.SIGTERM)  # the unit's stop: every process of its control group
+    try:
+        output, _ = unit.communicate(timeout=60)
+        job_left = subprocess.run(["kill", "-0", str(job_pid)], capture_output=True, check=False).returncode == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job_pid, signal.SIGKILL)  # a job left behind by a failure does not train on here
+    assert not job_left, "the job trains on after its submit command was stopped"
+    assert unit.returncode == 143, output
+    assert f"p40fleet-ray-submit: stopping job {job_id} on the cluster (ray job stop)" in output
+    assert f"p40fleet-ray-submit: job {job_id} stopped" in output
+    assert (jobs / f"{job_id}.stop").read_text().split()[-1] == job_id
+    log = (work / "home" / ".p40fleet" / "ray-jobs" / "jobs.log").read_text()
+    assert re.search(rf"^\S+ {re.escape(job_id)} STOPPED$", log, re.MULTILINE), log
 
 
 def node_script():
