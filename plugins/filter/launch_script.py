@@ -125,6 +125,16 @@ VERL_SPLITS = {
 }
 BATCH_MODES = ("refuse", "derive")
 BATCH_KEYS = ("train_batch_size", "ppo_mini_batch_size", "val_batch_size")
+# The least each batch size input may be (less is refused: verl and the rules below divide by them). The one home of
+# these ranges: p40fleet's check before contact (python/p40fleet/inputs.py) reads them from here.
+BATCH_MINIMUMS = {
+    "train_batch_size": 1,
+    "ppo_mini_batch_size": 1,
+    "val_batch_size": 1,
+    "ppo_micro_batch_size_per_gpu": 1,
+    "log_prob_micro_batch_size_per_gpu": 1,
+    "rollout_micro_batch_size": 1,
+}
 
 
 def _hf_chunks_split(share, rollout_micro):
@@ -291,16 +301,18 @@ def launch_script_settings(profile, inputs):
     def flag(value, name, problems):
         return _as_bool(value, name, problems)
 
+    def batch(value, name, problems):
+        """A batch size: at least BATCH_MINIMUMS' (verl and the batch rules divide by it); 1 where it is less."""
+        found = len(problems)
+        size = _as_number(value, name, problems)
+        if size < BATCH_MINIMUMS[name] and len(problems) == found:
+            problems.append(f"launch_script_{name} is {size}: at least {BATCH_MINIMUMS[name]} wanted")
+        return max(size, BATCH_MINIMUMS[name])
+
     gpus = pick("gpus_per_node", profile.get("gpu_count", 0), number)
     world_size = gpus * _as_number(inputs.get("nnodes", 1), "nnodes", problems)
-    found = len(problems)
-    micro = pick("ppo_micro_batch_size_per_gpu", tier.get("ppo_micro_batch_size_per_gpu", 1), number)
-    if micro < 1:
-        # verl divides by it (the batch rules below too).
-        if len(problems) == found:
-            problems.append(f"launch_script_ppo_micro_batch_size_per_gpu is {micro}: at least 1 wanted")
-        micro = 1
-    rollout_micro = pick("rollout_micro_batch_size", tier.get("rollout_micro_batch_size", 8), number)
+    micro = pick("ppo_micro_batch_size_per_gpu", tier.get("ppo_micro_batch_size_per_gpu", 1), batch)
+    rollout_micro = pick("rollout_micro_batch_size", tier.get("rollout_micro_batch_size", 8), batch)
     rollout_name = inputs.get("rollout_name") or (
         profile.get("rollout_name", "hf")
         if _as_bool(inputs.get("vllm_installed", False), "vllm_installed", problems)
@@ -319,14 +331,18 @@ def launch_script_settings(profile, inputs):
     batches = _judged_batches(
         world_size,
         {
-            "train_batch_size": _as_number(inputs.get("train_batch_size", 1), "train_batch_size", problems),
-            "ppo_mini_batch_size": _as_number(inputs.get("ppo_mini_batch_size", 1), "ppo_mini_batch_size", problems),
+            "train_batch_size": batch(inputs.get("train_batch_size", 1), "train_batch_size", problems),
+            "ppo_mini_batch_size": batch(inputs.get("ppo_mini_batch_size", 1), "ppo_mini_batch_size", problems),
             "ppo_micro_batch_size_per_gpu": micro,
             # Only the hf rollout cuts a rank's share into generate calls.
             "rollout_micro_batch_size": rollout_micro if rollout_name == "hf" else 0,
             # One hf generate call per rank: any test set splits into it (vars/main.yml says why a whole-set batch
             # can't).
-            "val_batch_size": pick("val_batch_size", rollout_micro * world_size, number),
+            "val_batch_size": (
+                batch(inputs["val_batch_size"], "val_batch_size", problems)
+                if _given(inputs.get("val_batch_size"))
+                else rollout_micro * world_size
+            ),
         },
         mode,
         gpus,
@@ -343,7 +359,7 @@ def launch_script_settings(profile, inputs):
         "visible_devices": inputs.get("cuda_visible_devices") or profile.get("cuda_visible_devices", ""),
         "micro": micro,
         "log_prob_micro": pick(
-            "log_prob_micro_batch_size_per_gpu", tier.get("log_prob_micro_batch_size_per_gpu", 1), number
+            "log_prob_micro_batch_size_per_gpu", tier.get("log_prob_micro_batch_size_per_gpu", 1), batch
         ),
         "rollout_micro": rollout_micro,
         "param_offload": param_offload,

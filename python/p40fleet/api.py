@@ -15,18 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p40fleet import fleet
+from p40fleet.exit_codes import Exit, for_signal
 from p40fleet.inputs import ExtraVars, InventoryError, check_inputs, load_inventory, parse_extra_vars, typed
 from p40fleet.lock import inventory_lock
 from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import HostFailure, RunError, RunResult, ansible_env, run_playbook
 from p40fleet.state import StateDir, now
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_HOSTS_FAILED = 2
-EXIT_HOSTS_UNREACHABLE = 3
-EXIT_BAD_INPUT = 4
-EXIT_NOT_IDEMPOTENT = 5
+# The exit codes by their old names (python/p40fleet/exit_codes.py is their home).
+EXIT_OK = Exit.OK
+EXIT_ERROR = Exit.ERROR
+EXIT_HOSTS_FAILED = Exit.HOSTS_FAILED
+EXIT_HOSTS_UNREACHABLE = Exit.HOSTS_UNREACHABLE
+EXIT_BAD_INPUT = Exit.BAD_INPUT
+EXIT_NOT_IDEMPOTENT = Exit.NOT_IDEMPOTENT
+EXIT_INTERRUPTED = Exit.INTERRUPTED
 
 STATE_PLAYBOOK = SITE_PLAYBOOK.parent / "playbooks" / "state.yml"
 # site.yml's play reads these as `serial:` and `max_fail_percentage:`.
@@ -98,7 +101,10 @@ def host_state(stats: Mapping[str, int]) -> str:
 
 
 def exit_code_for(result) -> int:
-    """From a RunResult (or anything with .stats and .rc): failed over unreachable over ok."""
+    """From a RunResult (or anything with .stats and .rc): a signal that stopped the run over failed over
+    unreachable over ok."""
+    if getattr(result, "signal", None):
+        return for_signal(result.signal)
     if any(stats["failures"] for stats in result.stats.values()):
         return EXIT_HOSTS_FAILED
     if any(stats["unreachable"] for stats in result.stats.values()):

@@ -1,15 +1,6 @@
 """The p40fleet command: provision a fleet and report in a form scripts can trust.
 
-Exit codes (also in README.md):
-  0  every host converged; for `run
-     --retry-failed`, also: the last run had no failed or unreachable host, nothing to retry
-  1  p40fleet itself could not run (bad arguments, missing inventory, ansible missing,
-     another run holds the inventory, --retry-failed with no previous run)
-  2  one or more hosts failed
-  3  one or more hosts were unreachable, none failed
-  4  bad input: the inventory or a variable (inventory or -e) is invalid; found before any host
-     was touched, nothing ran
-  5  `demo` only (python -m p40fleet_dev demo): the second run reported changes (the playbook is not idempotent)
+Its exit codes are python/p40fleet/exit_codes.py's, shown in docs/cli.md.
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ from p40fleet.api import (
     EXIT_ERROR,
     EXIT_HOSTS_FAILED,
     EXIT_HOSTS_UNREACHABLE,
+    EXIT_INTERRUPTED,
     EXIT_NOT_IDEMPOTENT,
     EXIT_OK,
     exit_code_for,
@@ -50,6 +42,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_HOSTS_FAILED",
     "EXIT_HOSTS_UNREACHABLE",
+    "EXIT_INTERRUPTED",
     "EXIT_NOT_IDEMPOTENT",
     "EXIT_OK",
     "exit_code_for",
@@ -348,14 +341,25 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+INVENTORY_HELP = "the fleet's Ansible inventory (default %(default)s)"
+LIMIT_HELP = "only these hosts: a host, a group or a pattern, as ansible-playbook's --limit takes it"
 BECOME_PASSWORD_HELP = (
     "file holding the sudo password (first line); passed to ansible-playbook as --become-password-file,"
     " so the password itself reaches no runner artifact or log"
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors exit EXIT_ERROR: its own 2 is EXIT_HOSTS_FAILED here. Subcommands'
+    parsers are of the same class (add_subparsers' default)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="p40fleet", description=__doc__.split("\n", 1)[0])
+    top = Parser(prog="p40fleet", description=__doc__.split("\n", 1)[0])
     sub = top.add_subparsers(dest="command", required=True)
 
     state = argparse.ArgumentParser(add_help=False)
@@ -373,10 +377,10 @@ def parser() -> argparse.ArgumentParser:
     )
 
     run = sub.add_parser("run", parents=[state], help="run site.yml against an inventory")
-    run.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    run.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
     run.add_argument("--playbook", type=Path, help="another playbook than site.yml (e.g. playbooks/verify.yml)")
-    run.add_argument("-l", "--limit")
-    run.add_argument("-t", "--tags")
+    run.add_argument("-l", "--limit", help=LIMIT_HELP)
+    run.add_argument("-t", "--tags", help="only the tasks with these tags (ansible-playbook's --tags)")
     _add_extra_vars(run)
     run.add_argument("--check", action="store_true", help="dry run: --check --diff")
     run.add_argument("--forks", type=int, help="hosts worked on in parallel (ansible's --forks; ansible.cfg: 20)")
@@ -412,8 +416,8 @@ def parser() -> argparse.ArgumentParser:
         parents=[state],
         help="qualify every GPU under load (playbooks/qualify.yml): a pass/warn/fail verdict per card, kept per serial",
     )
-    qualify.add_argument("-i", "--inventory", default="inventory/hosts.yml")
-    qualify.add_argument("-l", "--limit")
+    qualify.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
+    qualify.add_argument("-l", "--limit", help=LIMIT_HELP)
     _add_extra_vars(qualify)
     qualify.add_argument("--report", type=Path, help="write the machine-readable report (JSON) here")
     qualify.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
@@ -422,7 +426,7 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", parents=[state], help="what each host now is: GPU, driver, profile, versions, last run"
     )
-    report.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    report.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
     report.add_argument("--json", type=Path, help="write the fleet report as JSON here")
     report.add_argument("--html", type=Path, help="write the fleet report as one static HTML page here")
     report.add_argument(
@@ -437,7 +441,7 @@ def parser() -> argparse.ArgumentParser:
     cluster = sub.add_parser("cluster", help="Ray clusters across hosts (playbooks/cluster.yml forms them)")
     csub = cluster.add_subparsers(dest="cluster_command", required=True)
     cstatus = csub.add_parser("status", help="members, GPUs, alive or not, the last job and its state (read-only)")
-    cstatus.add_argument("-i", "--inventory", default="inventory/hosts.yml")
+    cstatus.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
     cstatus.add_argument("--json", type=Path, help="write the status as JSON here (schema p40fleet.cluster-status/v1)")
     cstatus.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     cluster.set_defaults(func=cmd_cluster)
@@ -450,8 +454,8 @@ def parser() -> argparse.ArgumentParser:
         ("status", "each run's step, s/step, scores, checkpoint, expected end; a reboot under a run (read-only)"),
     ):
         taction = tsub.add_parser(action, help=text)
-        taction.add_argument("-i", "--inventory", default="inventory/hosts.yml")
-        taction.add_argument("-l", "--limit")
+        taction.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
+        taction.add_argument("-l", "--limit", help=LIMIT_HELP)
         taction.add_argument("--name", help="the run's name (train_run_name, default gsm8k)")
         taction.add_argument("--cluster", help="one job on this Ray cluster (p40fleet_cluster) instead of a run a host")
         taction.add_argument("--json", type=Path, help="write the runs as JSON here (schema p40fleet.train-runs/v1)")
@@ -460,14 +464,14 @@ def parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     fetch = sub.add_parser("fetch", help="download every pinned artifact into the controller cache (verified)")
-    fetch.add_argument("-i", "--inventory", default="inventory/hosts.yml")
-    fetch.add_argument("-l", "--limit")
+    fetch.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
+    fetch.add_argument("-l", "--limit", help=LIMIT_HELP)
     fetch.set_defaults(func=cmd_fetch)
 
     bundle = sub.add_parser("bundle", help="write one directory a fleet mirror serves as is (air-gapped fleets)")
     bundle.add_argument("dir", type=Path, help="the bundle directory (created; what is there and valid is kept)")
-    bundle.add_argument("-i", "--inventory", default="inventory/hosts.yml")
-    bundle.add_argument("-l", "--limit")
+    bundle.add_argument("-i", "--inventory", default="inventory/hosts.yml", help=INVENTORY_HELP)
+    bundle.add_argument("-l", "--limit", help=LIMIT_HELP)
     bundle.set_defaults(func=cmd_bundle)
     return top
 
@@ -479,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RunError, RunLocked, ValueError) as error:
         console.out(f"p40fleet: {error}", highlight=False)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        # Ctrl-C outside a playbook run (one in it ends the run: run.py); the shell's code for it.
+        console.out("p40fleet: interrupted", highlight=False)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

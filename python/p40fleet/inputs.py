@@ -5,6 +5,7 @@ which converts as the role's own check would ("false" is a bool, "5" an int)."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import importlib.util
@@ -22,6 +23,8 @@ import yaml
 from p40fleet.paths import SITE_PLAYBOOK
 
 ROLES_DIR = SITE_PLAYBOOK.parent / "roles"
+# The batch sizes' minimums, whose home is the launch settings' filter (it refuses the same on the host).
+LAUNCH_FILTER = SITE_PLAYBOOK.parent / "plugins" / "filter" / "launch_script.py"
 SIMPLE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 SHOWN_HOSTS = 5
 
@@ -393,11 +396,13 @@ def role_variable_specs(roles_dir: Path = ROLES_DIR, cache_dir: Path | None = No
     return specs
 
 
-def expected(spec: dict) -> str:
+def expected(spec: dict, name: str = "") -> str:
     kind = spec.get("type", "str")
     text = {"bool": "a bool (true/false)", "int": "an int", "float": "a number", "dict": "a mapping"}.get(
         kind, f"a {kind}"
     )
+    if name in minimums():
+        text += f" of at least {minimums()[name]}"
     if kind == "list":
         elements = spec.get("elements", "str")
         text = "a list of mappings" if elements == "dict" else f"a list of {elements}"
@@ -410,6 +415,19 @@ def expected(spec: dict) -> str:
     return text
 
 
+@functools.cache
+def minimums() -> dict[str, int]:
+    """The least value of each variable that has one (argument specs cannot say it): the launch settings'
+    BATCH_MINIMUMS, by variable name. The filter file is read as text and its table parsed, not imported."""
+    import ast
+
+    tree = ast.parse(LAUNCH_FILTER.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "BATCH_MINIMUMS" for t in node.targets):
+            return {f"launch_script_{k}": v for k, v in ast.literal_eval(node.value).items()}
+    raise RuntimeError(f"{LAUNCH_FILTER} has no BATCH_MINIMUMS")
+
+
 def check_value(name: str, value, spec: dict) -> str | None:
     """The validator's complaint about one variable's value, or None if the spec accepts it."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
@@ -418,7 +436,43 @@ def check_value(name: str, value, spec: dict) -> str | None:
     # a value (list elements, dict options) `required` holds.
     top = {k: v for k, v in spec.items() if k not in ("required", "default")}
     result = ArgumentSpecValidator({name: top}).validate({name: value})
-    return "; ".join(result.error_messages) if result.error_messages else None
+    if result.error_messages:
+        return "; ".join(result.error_messages)
+    least = minimums().get(name)
+    converted = result.validated_parameters.get(name)
+    if least is not None and isinstance(converted, int) and converted < least:
+        return f"{name} must be at least {least} (plugins/filter/launch_script.py, BATCH_MINIMUMS)"
+    return None
+
+
+def role_prefixes(roles_dir: Path = ROLES_DIR) -> tuple[str, ...]:
+    """Each role's variable prefix (its name and `_`), longest first."""
+    names = [p.parent.parent.name for p in roles_dir.glob("*/meta/argument_specs.yml")]
+    return tuple(sorted((f"{n}_" for n in names), key=len, reverse=True))
+
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@functools.cache
+def _names_the_roles_use(roles_dir: Path = ROLES_DIR) -> frozenset[str]:
+    """Every identifier in the roles' files: the declared variables and the ones they set themselves (vars/,
+    set_fact, register), which an -e may override on purpose."""
+    found: set[str] = set()
+    for path in roles_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".yml", ".yaml", ".j2", ".py", ".sh"):
+            found.update(IDENTIFIER.findall(path.read_text(encoding="utf-8", errors="replace")))
+    return frozenset(found)
+
+
+def unknown_variable(name: str, specs: Mapping[str, tuple[str, dict]], roles_dir: Path = ROLES_DIR) -> str | None:
+    """Why a variable named with a role's prefix reaches no role (a misspelling: the value the operator meant
+    would be lost), with the declared names closest to it; None for one a role declares or uses."""
+    if name in specs or not name.startswith(role_prefixes(roles_dir)) or name in _names_the_roles_use(roles_dir):
+        return None
+    near = difflib.get_close_matches(name, list(specs), n=3, cutoff=0.8)
+    hint = f"did you mean {' or '.join(near)}?" if near else "check its name against the role's defaults/main.yml"
+    return f"no role declares it (roles/*/meta/argument_specs.yml), so no role would read it: {hint}"
 
 
 def _shown(value) -> str:
@@ -443,9 +497,9 @@ def _ansible_release() -> str:
 
 
 def verdict_key(name: str, value, spec: dict) -> str:
-    """What the validator's verdict on a value depends on: ansible-core's version, the variable's spec,
-    its name and the value itself."""
-    text = json.dumps([_ansible_release(), name, spec, value], sort_keys=True, default=repr)
+    """What the validator's verdict on a value depends on: ansible-core's version, the variable's spec and
+    minimum, its name and the value itself."""
+    text = json.dumps([_ansible_release(), name, spec, minimums().get(name), value], sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -472,13 +526,25 @@ def validate_variables(
             verdicts[key] = known[key] if key in known else check_value(name, value, spec)
         return verdicts[key]
 
+    for name in extra:
+        why = unknown_variable(name, specs)
+        if why:
+            problems.append(f"-e {name}: {why}")
+    unknown: dict[tuple[str, str], list[str]] = {}
+    for host in sorted(hosts):
+        for name in inventory.hostvars.get(host, {}):
+            why = unknown_variable(name, specs) if name not in extra else None
+            if why:
+                unknown.setdefault((name, why), []).append(host)
+    for (name, why), names in unknown.items():
+        problems.append(f"{_hosts_text(names)}: {name} in the inventory: {why}")
     for name, value in extra.items():
         if name in specs and _is_literal(value):
             role, spec = specs[name]
             complaint = verdict(name, value, spec)
             if complaint:
                 problems.append(
-                    f"-e {name}: found {_shown(value)}; expected {expected(spec)} "
+                    f"-e {name}: found {_shown(value)}; expected {expected(spec, name)} "
                     f"(roles/{role}/meta/argument_specs.yml): {complaint}"
                 )
     # Hosts that share a bad value (a group variable) get one message.
@@ -492,7 +558,7 @@ def validate_variables(
             if complaint:
                 key = (
                     name,
-                    f"found {_shown(value)}; expected {expected(spec)} "
+                    f"found {_shown(value)}; expected {expected(spec, name)} "
                     f"(roles/{role}/meta/argument_specs.yml): {complaint}",
                 )
                 bad.setdefault(key, []).append(host)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from p40fleet.exit_codes import meaning
 from p40fleet.progress import one_line
 from p40fleet.state import now
 
@@ -34,7 +35,7 @@ def run_entry(label: str, result) -> dict:
         "finished": result.finished,
         "rc": result.rc,
         "status": result.status,
-        "exit_code": result.exit_code,
+        "exit_code": int(result.exit_code),
         "artifact_dir": str(result.artifact_dir) if result.artifact_dir else None,
         "problems": list(result.problems),
         "message": result.message,
@@ -65,7 +66,9 @@ def print_summary(console: Console, report: dict, plain: bool | None = None) -> 
     host's first failure verbatim."""
     plain = not console.is_terminal if plain is None else plain
     for run in report["runs"]:
-        title = f"p40fleet · {run['label']} · {run['status']}" + (f" (rc {run['rc']})" if run["rc"] is not None else "")
+        # p40fleet's exit code leads; ansible-playbook's own rc (4 for an unreachable host) only follows it.
+        title = f"p40fleet · {run['label']} · exit {run['exit_code']}: {meaning(run['exit_code'])} ({run['status']}"
+        title += f", ansible-playbook rc {run['rc']})" if run["rc"] is not None else ")"
         if plain:
             console.out(title, highlight=False)
             for host, entry in run["hosts"].items():

@@ -17,13 +17,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import ansible_runner
-from ansible_runner.utils import signal_handler
 
 from p40fleet.paths import ANSIBLE_CONFIG
 from p40fleet.state import StateDir, default_keep_runs, now
@@ -117,6 +118,7 @@ class RunResult:
     run_id: str = ""
     started: str = ""
     finished: str = ""
+    signal: int | None = None  # the signal (SIGINT, SIGTERM) that stopped the run, if one did
 
     def host_failures(self, host: str) -> list[HostFailure]:
         return [f for f in self.failures if f.host == host]
@@ -204,6 +206,25 @@ def _checked_password_file(become_password_file: Path | str) -> Path:
     return password_file
 
 
+@contextlib.contextmanager
+def _cancelled_by_signals() -> Iterator[tuple[Callable[[], bool] | None, list[int]]]:
+    """A cancel callback for ansible-runner that SIGINT and SIGTERM set, and the signals received: the run ends
+    with the signal's own exit code (python/p40fleet/exit_codes.py). ansible-runner's own signal_handler keeps its
+    handlers for good, so a second Ctrl-C after the run did nothing; these are put back when the run ends."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield None, received  # only the main thread may set handlers; the caller's own stay in charge
+        return
+    kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    for number in kept:
+        signal.signal(number, lambda number, frame: received.append(number))
+    try:
+        yield (lambda: bool(received)), received
+    finally:
+        for number, handler in kept.items():
+            signal.signal(number, handler)
+
+
 def run_playbook(
     playbook: Path | str,
     inventory: Path | str,
@@ -281,9 +302,8 @@ def run_playbook(
         # ansible-runner seeds the run's environment with all of ours: keep only what ansible
         # needs (and what ansible-runner itself set for its callback).
         config.env = {k: v for k, v in config.env.items() if k in env or k not in os.environ or os.environ[k] != v}
-        runner = ansible_runner.Runner(
-            config, event_handler=on_event, status_handler=on_status, cancel_callback=signal_handler()
-        )
+        cancel, received = stack.enter_context(_cancelled_by_signals())
+        runner = ansible_runner.Runner(config, event_handler=on_event, status_handler=on_status, cancel_callback=cancel)
         runner.run()
     finished = now()
     # ansible-runner's own recap (None when the play never reached it), by host.
@@ -302,6 +322,7 @@ def run_playbook(
         run_id=run_id,
         started=started,
         finished=finished,
+        signal=received[0] if received else None,
     )
 
 

@@ -18,6 +18,7 @@ from p40fleet.paths import SITE_PLAYBOOK
 from p40fleet.run import ansible_env
 from p40fleet.state import StateDir
 from p40fleet_dev.paths import REPO_ROOT
+from tests.source_modules import load_module
 
 NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
 
@@ -166,6 +167,47 @@ def test_the_command_exits_4_before_any_host_is_touched(tmp_path, capsys):
     run = json.loads(report.read_text())["runs"][0]
     assert (run["exit_code"], run["status"], run["rc"], run["hosts"]) == (4, "bad-input", None, {})
     assert len(run["problems"]) == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-8"])
+def test_a_batch_size_under_its_minimum_is_refused_before_contact(tmp_path, capsys, value):
+    inventory = write_inventory(tmp_path / "inv", {"node1": dict(NOWHERE)})
+    argv = ["run", "-i", str(inventory), "--state-dir", str(tmp_path / "state")]
+    assert cli.main([*argv, "-e", f"launch_script_train_batch_size={value}"]) == cli.EXIT_BAD_INPUT
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"-e launch_script_train_batch_size: found '{value}'; expected an int of at least 1" in err
+    assert "must be at least 1 (plugins/filter/launch_script.py, BATCH_MINIMUMS)" in err
+    assert StateDir(tmp_path / "state").inventory(inventory).runs() == []
+
+
+def test_the_minimums_are_the_filters_and_name_declared_int_variables():
+    specs = inputs.role_variable_specs()
+    filters = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_minimums")
+    assert inputs.minimums() == {f"launch_script_{k}": v for k, v in filters.BATCH_MINIMUMS.items()}
+    for name in inputs.minimums():
+        assert name in specs, name
+    assert specs["launch_script_train_batch_size"][1]["type"] == "int"
+
+
+def test_a_misspelled_role_variable_is_refused_with_the_names_it_is_closest_to(tmp_path, capsys):
+    inventory = write_inventory(tmp_path / "inv", {"node1": {**NOWHERE, "verl_patches_profle": "p40"}})
+    argv = ["run", "-i", str(inventory), "--state-dir", str(tmp_path / "state")]
+    assert cli.main([*argv, "-e", "launch_script_train_batch_sise=64"]) == cli.EXIT_BAD_INPUT
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "-e launch_script_train_batch_sise: no role declares it (roles/*/meta/argument_specs.yml), so no role would"
+        " read it: did you mean launch_script_train_batch_size" in err
+    )
+    assert "host node1: verl_patches_profle in the inventory: no role declares it" in err
+    assert "did you mean verl_patches_profile" in err
+
+
+def test_names_the_roles_use_and_names_without_a_role_prefix_pass():
+    specs = inputs.role_variable_specs()
+    # conda_env_prefix: a fact the conda_env role publishes (an -e may pin it); the others are no role's.
+    for name in ("conda_env_prefix", "launch_script_train_batch_size", "p40fleet_env_owner", "ansible_host", "x"):
+        assert inputs.unknown_variable(name, specs) is None, name
+    assert "check its name" in inputs.unknown_variable("cudnn_zzzz_qqqq", specs)
 
 
 def test_the_listing_is_reused_only_while_what_it_was_made_from_is_unchanged(tmp_path, monkeypatch):

@@ -197,3 +197,11 @@ def test_refused_tiers_carry_the_tiers_reason_per_dtype():
 def test_a_value_that_is_no_setting_is_a_problem_naming_the_variable(changes, named):
     problems = settings(P40, **changes)["problems"]
     assert len(problems) == 1 and problems[0].startswith(named), problems
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS.BATCH_MINIMUMS))
+@pytest.mark.parametrize("value", [0, -8])
+def test_a_batch_size_under_its_minimum_is_refused_not_divided_by(name, value):
+    # batch 0 once crashed the filter (integer division or modulo by zero); now it is a problem the role stops with.
+    problems = settings(P40X2, **{name: value})["problems"]
+    assert len(problems) == 1 and problems[0].startswith(f"launch_script_{name} is {value}:"), problems
