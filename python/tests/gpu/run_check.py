@@ -220,8 +220,11 @@ def install_case(
     data: pathlib.Path = ROOT / "data",
     model: pathlib.Path = ROOT / "model",
     label: str = "",
+    ray: int = 0,
 ) -> pathlib.Path:
-    """The case's rendered files in the owner's home, with only the published paths replaced."""
+    """The case's rendered files in the owner's home, with only the published paths replaced, and the run's own Ray
+    (the script starts a head on 127.0.0.1 at fixed ports, in a directory of the owner's) moved to ports `ray` x 1000
+    up and a directory of its own, so that runs side by side (the learning proof's) each have their own."""
     dest = home / (label or name)
     if dest.exists():
         shutil.rmtree(dest)
@@ -239,10 +242,20 @@ def install_case(
         text = src.read_text()
         for old, new in replacements:
             text = text.replace(old, new)
+        text = own_ray(text, dest / ".ray", ray)
         (dest / src.name).write_text(text)
         (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
     sh("chown", "-R", f"{OWNER}:{OWNER}", str(dest))
     return dest / "train_gsm8k_ppo.sh"
+
+
+RAY_PORT = re.compile(r"((?:--[a-z-]+-port|RAY_GCS_PORT|_METRIC_PORT)=)(\d+)")
+
+
+def own_ray(text: str, directory: pathlib.Path, ray: int) -> str:
+    """A rendered script's Ray head in `directory`, its ports `ray` x 1000 up (tests/test_gpu_run_check.py)."""
+    text = re.sub(r"^readonly RAY_DIR=.*$", f"readonly RAY_DIR={directory}", text, flags=re.MULTILINE)
+    return RAY_PORT.sub(lambda m: f"{m[1]}{int(m[2]) + 1000 * ray}", text)
 
 
 def case_env(case: dict, script: pathlib.Path, index: int, site: str) -> dict:
@@ -476,11 +489,19 @@ def run_learning(args, manifest: dict, home: pathlib.Path, entries: list[tuple],
                 case = manifest["cases"][case_name]
                 ran = {**case, "verl_tree": trees[tree][0]} if tree else case
                 label = f"{name}-s{seed}"
+                ray = index + 1 + position * len(entries) + offset
                 script = install_case(
-                    args.bundle, case_name, case, home, manifest["render_root"], base / "data", model, f"learn-{label}"
+                    args.bundle,
+                    case_name,
+                    case,
+                    home,
+                    manifest["render_root"],
+                    base / "data",
+                    model,
+                    f"learn-{label}",
+                    ray,
                 )
                 plan = [("learn", learning.SCHEDULE + extra)]
-                ray = index + 1 + position * len(entries) + offset
                 jobs[name] = pool.submit(run_plan, f"learn-{label}", ran, script, ray, args.site, plan, False)
             entry["fine_tuning_only"] = learning_tool("continue", {**common, "model": str(model)}, f"tuned-{seed}")
             partial()
