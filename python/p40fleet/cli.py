@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from p40fleet import card_table, fleet, html_report
+from p40fleet import fleet
 from p40fleet import report as report_mod
 from p40fleet.api import (
     EXIT_BAD_INPUT,
@@ -35,7 +35,6 @@ from p40fleet.progress import make_progress, one_line, printable
 from p40fleet.run import RunError, ansible_env
 from p40fleet.run_time import run_time
 from p40fleet.state import StateDir
-from p40fleet.train import saved_runs
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -208,6 +207,10 @@ def print_records(records: list[fleet.HostRecord], totals: dict) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # Only the report reads these; `p40fleet run` starts without them (docs/benchmarks-overhead.md).
+    from p40fleet import card_table, html_report
+    from p40fleet.train import saved_runs
+
     inventory = Path(args.inventory)
     if not inventory.exists():
         console.out(f"p40fleet: inventory {inventory} not found")

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ansible_runner
-
 from p40fleet.paths import ANSIBLE_CONFIG
 from p40fleet.state import StateDir, default_keep_runs, now
 
@@ -246,6 +244,10 @@ def run_playbook(
     play needs (their values are redacted in the artifacts)."""
     if shutil.which("ansible-playbook", path=bin_dir() + os.pathsep + os.environ.get("PATH", "")) is None:
         raise RunError("ansible-playbook not found: run `make deps`")
+    # Imported here, not with the module: a quarter second of CPU that `--help`, a bad input and `p40fleet
+    # report` never need (docs/benchmarks-overhead.md).
+    import ansible_runner
+
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
     keep = keep_runs if keep_runs is not None else default_keep_runs()
     inventory = Path(inventory).resolve()

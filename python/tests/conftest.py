@@ -82,6 +82,11 @@ def _order_and_group(items) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(unit_of[item]))
         item.stash[UNIT] = unit_of[item]
+        UNIT_CLOCK.units[item.nodeid] = unit_of[item]
+
+
+# Each work unit's worker-seconds in this session, read by the guard at its end (tests/unit_costs.py).
+UNIT_CLOCK = unit_costs.UnitClock()
 
 
 # Held by the session's controller (xdist's, or the one process) while it runs; see claim_session.
@@ -133,8 +138,51 @@ def pytest_runtest_teardown(item, nextitem):
             sandbox_removal.session.unit_done(item.stash.get(UNIT, ""))
 
 
+def pytest_runtest_logreport(report):
+    UNIT_CLOCK.add(report.nodeid, report.when, report.duration)
+
+
+def whole_suite(config) -> bool:
+    """Whether this session runs the whole suite as `make test` does: the session's controller (xdist's, or the
+    one process), started on the configured testpaths, nothing selected away (-k, -m, --lf, --deselect, ...)."""
+    option = config.option
+    narrowed = (
+        option.keyword,
+        option.markexpr,
+        getattr(option, "lf", False),
+        getattr(option, "deselect", None),
+        getattr(option, "ignore", None),
+        getattr(option, "ignore_glob", None),
+        getattr(option, "exitfirst", False),
+    )
+    return (
+        not hasattr(config, "workerinput")
+        and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not any(narrowed)
+    )
+
+
+# The summary lines and the complaints the guard leaves for the terminal summary.
+UNIT_GUARD = pytest.StashKey[tuple[list[str], list[str]]]()
+
+
 def pytest_sessionfinish(session):
-    sandbox_removal.session.finish()
+    try:
+        sandbox_removal.session.finish()
+    finally:
+        unit_guard(session)
+
+
+def unit_guard(session, clock: unit_costs.UnitClock | None = None) -> None:
+    """The guard on a unit's cost: only a whole-suite session has every unit's whole cost (a module run alone says
+    nothing, and prints nothing). A unit over its share, not reviewed, fails the session."""
+    clock = UNIT_CLOCK if clock is None else clock
+    if not whole_suite(session.config) or not clock.seconds:
+        return
+    complaints = clock.complaints()
+    session.config.stash[UNIT_GUARD] = (clock.summary(), complaints)
+    if complaints and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -142,8 +190,17 @@ def pytest_testnodedown(node, error):
     fault_table.node_down(node)
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
     fault_table.summary(terminalreporter)
+    guarded = config.stash.get(UNIT_GUARD, None)
+    if guarded is None:
+        return
+    summary, complaints = guarded
+    terminalreporter.section("worker-seconds per work unit")
+    for line in summary:
+        terminalreporter.write_line(line)
+    for complaint in complaints:
+        terminalreporter.write_line(f"FAILED (unit cost): {complaint}", red=True)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
@@ -113,3 +114,127 @@ def test_the_second_worker_starts_with_the_costliest_container_free_unit(monkeyp
         "python/tests/test_new_fleet.py",
         "python/tests/test_fast_local.py",
     ]
+
+
+@pytest.mark.parametrize("unit", sorted(unit_costs.REVIEWED))
+def test_every_reviewed_unit_still_exists(unit):
+    assert unit in group_names() or (unit.endswith(".py") and (REPO_ROOT / unit).is_file()), unit
+
+
+def clock_of(reports, units=None) -> unit_costs.UnitClock:
+    clock = unit_costs.UnitClock()
+    clock.units.update(units or {})
+    for nodeid, when, duration in reports:
+        clock.add(nodeid, when, duration)
+    return clock
+
+
+def test_the_clock_sums_setup_call_and_teardown_by_unit():
+    clock = clock_of(
+        [
+            ("python/tests/faults/test_case02.py::test_a[x]@faults", "setup", 100.0),
+            ("python/tests/faults/test_case02.py::test_a[x]@faults", "call", 15.5),
+            ("python/tests/faults/test_case03.py::test_b@faults", "teardown", 5.0),
+            ("python/tests/test_fetch.py::test_b@python/tests/test_fetch.py", "call", 2.25),
+            ("python/tests/test_wheel.py::test_c", "call", 1.0),  # no xdist: the map from collection says
+            ("python/tests/test_inputs.py::test_d", "setup", 0.5),  # neither: the module
+            ("python/tests/test_inputs.py::test_d", "collect", 9.0),  # not a test phase
+        ],
+        units={"python/tests/test_wheel.py::test_c": "site-fleet"},
+    )
+    assert clock.seconds == pytest.approx(
+        {"faults": 120.5, "python/tests/test_fetch.py": 2.25, "site-fleet": 1.0, "python/tests/test_inputs.py": 0.5}
+    )
+    assert clock.total() == pytest.approx(124.25)
+    assert clock.slowest(2) == [("faults", 120.5), ("python/tests/test_fetch.py", 2.25)]
+
+
+def test_a_unit_over_its_share_fails_unless_reviewed():
+    share = unit_costs.SHARE_SECONDS
+    clock = clock_of(
+        [
+            ("a.py::t@exactly-its-share", "call", share),
+            ("a.py::t@just-over", "call", share - 1.0),
+            ("a.py::t@just-over", "teardown", 1.5),  # over only with its teardown
+            ("a.py::t@far-over", "setup", share * 3),
+            ("a.py::t@reviewed", "call", share * 5),
+        ]
+    )
+    over = clock.over_share(reviewed={"reviewed": "proves something only it can"})
+    assert over == [("far-over", share * 3), ("just-over", share + 0.5)]  # costliest first
+    assert [unit for unit, _ in clock.over_share(reviewed={})] == ["reviewed", "far-over", "just-over"]
+
+
+def test_the_complaint_names_the_unit_its_seconds_and_the_way_on(monkeypatch):
+    monkeypatch.setattr(unit_costs, "REVIEWED", {"site-fleet": "why"})
+    clock = clock_of([("x.py::t@site-fleet", "call", 900.0), ("y.py::t@python/tests/y.py", "call", 130.25)])
+    (complaint,) = clock.complaints()
+    assert "python/tests/y.py took 130.2 worker-seconds" in complaint
+    assert "REVIEWED in python/tests/unit_costs.py" in complaint
+
+
+def test_the_summary_gives_the_total_and_the_ten_slowest(monkeypatch):
+    monkeypatch.setattr(unit_costs, "REVIEWED", {"u11": "why"})
+    clock = clock_of([(f"m.py::t@u{n:02}", "call", float(n * 12)) for n in range(1, 13)])
+    lines = clock.summary()
+    assert lines[0] == "work units: 12, 936.0 worker-seconds in all; the 10 slowest:"
+    assert [line.split()[-1] for line in lines[1:]] == ["share)", "(reviewed)", *(f"u{n:02}" for n in range(10, 2, -1))]
+    assert lines[1] == "     144.0 s  u12 (over its share)"
+
+
+class Config:
+    """What the guard reads of pytest's config."""
+
+    def __init__(self, args_source=pytest.Config.ArgsSource.TESTPATHS, **options) -> None:
+        self.args_source = args_source
+        self.option = argparse.Namespace(**{"keyword": "", "markexpr": "", **options})
+        self.stash = pytest.Stash()
+
+
+class Session:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.exitstatus = pytest.ExitCode.OK
+
+
+def test_a_whole_suite_session_fails_on_a_unit_over_its_share():
+    clock = clock_of([("python/tests/test_new.py::t@python/tests/test_new.py", "call", 121.0)])
+    session = Session(Config())
+    conftest.unit_guard(session, clock)
+    assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
+    summary, complaints = session.config.stash[conftest.UNIT_GUARD]
+    assert summary[1] == "     121.0 s  python/tests/test_new.py (over its share)"
+    assert len(complaints) == 1 and "python/tests/test_new.py took 121.0" in complaints[0]
+
+
+def test_a_whole_suite_session_within_its_shares_passes_and_keeps_its_failures():
+    session = Session(Config())
+    conftest.unit_guard(session, clock_of([("a.py::t@python/tests/a.py", "call", 119.0)]))
+    assert session.exitstatus == pytest.ExitCode.OK
+    assert session.config.stash[conftest.UNIT_GUARD][1] == []
+    failed = Session(Config())
+    failed.exitstatus = pytest.ExitCode.INTERRUPTED
+    conftest.unit_guard(failed, clock_of([("a.py::t@python/tests/a.py", "call", 500.0)]))
+    assert failed.exitstatus == pytest.ExitCode.INTERRUPTED  # its own failure stays what it reports
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(pytest.Config.ArgsSource.ARGS),  # a module or a test named
+        Config(keyword="fetch"),
+        Config(markexpr="unit"),
+        Config(lf=True),
+        Config(deselect=["python/tests/test_bundle.py"]),
+        Config(exitfirst=True),
+    ],
+)
+def test_a_session_of_part_of_the_suite_is_not_judged(config):
+    session = Session(config)
+    conftest.unit_guard(session, clock_of([("a.py::t@python/tests/a.py", "call", 500.0)]))
+    assert session.exitstatus == pytest.ExitCode.OK
+    assert conftest.UNIT_GUARD not in session.config.stash
+
+
+def test_this_session_of_one_module_is_not_the_whole_suite(request):
+    assert not conftest.whole_suite(request.config)

@@ -1,7 +1,9 @@
-"""What each pytest-xdist work unit cost in a measured CI run, for conftest.py's ordering only: units are handed to
-the two workers longest first (longest-processing-time scheduling), so neither waits at the end on a long unit the
-other could have started earlier. A figure that drifts only costs balance, never a check; a unit missing here is
-placed by its kind (conftest.py's FALLBACK_SECONDS).
+"""What each pytest-xdist work unit costs: SECONDS, measured in a CI run, for conftest.py's ordering (units are
+handed to the two workers longest first, longest-processing-time scheduling, so neither waits at the end on a long
+unit the other could have started earlier; a figure that drifts only costs balance, never a check; a unit missing
+here is placed by its kind, conftest.py's FALLBACK_SECONDS), and the guard on what a unit may cost: a whole-suite
+session (`make test`) sums every unit's worker-seconds as it runs (UnitClock), prints the total and the ten
+slowest units at the end, and fails when a unit took more than SHARE_SECONDS without being on REVIEWED.
 
 Refresh from a run with every duration printed (`PYTEST_ADDOPTS=--durations=0 bash .ci/run > LOG`):
 `python -m tests.unit_costs LOG` (from python/) prints the table to paste below.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import collections
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 # Worker-seconds (setup, call and teardown of every test) per unit: 11b631c's clean-clone CI run, 2026-12-03.
 SECONDS: dict[str, float] = {
@@ -38,6 +40,23 @@ SECONDS: dict[str, float] = {
     "python/tests/test_runner_hygiene.py": 7,
 }
 
+# What one work unit may cost in a whole-suite session without a review: two minutes of one worker. Above it, a
+# unit is made cheaper or reviewed onto REVIEWED.
+SHARE_SECONDS = 120.0
+
+# The units reviewed as worth more than their share, each with what it proves that a cheaper unit could not. A unit
+# over SHARE_SECONDS and not here fails the session; one added here is a decision, taken in review.
+REVIEWED: dict[str, str] = {
+    "site-fleet": "two hosts through the whole of site.yml as a new user would, shared by every module that reads "
+    "a converged host (conftest.py's site_fleet)",
+    "faults": "the fault suite's cases on one shared fleet (docs/faults.md)",
+    "cuda-sandbox": "the CUDA toolkit, cuDNN and artifact fetch stages on sandbox hosts over SSH",
+    "python/tests/test_verl_patches.py": "verl_patches against the real verl sdists, run by ansible-playbook",
+    "python/tests/test_login_modes.py": "each login mode (sudo with and without a password, root) from a minimal "
+    "host through host_prereqs",
+    "python/tests/test_bundle.py": "a bundle directory is all a fresh sandbox host needs, its mirror stopped",
+}
+
 # --durations lines under xdist: "12.34s call     path::test@unit".
 DURATION = re.compile(r"([\d.]+)s (?:setup|call|teardown)\s+\S+@(\S+)")
 
@@ -50,6 +69,53 @@ def measure(lines: Iterable[str]) -> dict[str, float]:
         if match:
             total[match.group(2)] += float(match.group(1))
     return dict(total.most_common())
+
+
+class UnitClock:
+    """The worker-seconds of each work unit in one session: the setup, call and teardown durations of every test
+    report, summed by unit. A report names its unit as xdist's loadgroup spells it (`path::test@unit`); without
+    xdist, `units` (nodeid -> unit, filled at collection) says it; else the test's module is its unit."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.units: dict[str, str] = {}
+
+    def unit_of(self, nodeid: str) -> str:
+        if nodeid in self.units:
+            return self.units[nodeid]
+        path, _, rest = nodeid.partition("::")
+        return rest.rpartition("@")[2] if "@" in rest else path
+
+    def add(self, nodeid: str, when: str, duration: float) -> None:
+        if when in ("setup", "call", "teardown"):
+            self.seconds[self.unit_of(nodeid)] += duration
+
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def slowest(self, count: int = 10) -> list[tuple[str, float]]:
+        return self.seconds.most_common(count)
+
+    def over_share(
+        self, share: float = SHARE_SECONDS, reviewed: Mapping[str, str] | None = None
+    ) -> list[tuple[str, float]]:
+        """The units that cost more than `share` worker-seconds and are not on the reviewed list, costliest first."""
+        reviewed = REVIEWED if reviewed is None else reviewed
+        return [(unit, s) for unit, s in self.seconds.most_common() if s > share and unit not in reviewed]
+
+    def summary(self, count: int = 10) -> list[str]:
+        lines = [f"work units: {len(self.seconds)}, {self.total():.1f} worker-seconds in all; the {count} slowest:"]
+        for unit, seconds in self.slowest(count):
+            mark = " (reviewed)" if unit in REVIEWED else " (over its share)" if seconds > SHARE_SECONDS else ""
+            lines.append(f"  {seconds:8.1f} s  {unit}{mark}")
+        return lines
+
+    def complaints(self) -> list[str]:
+        return [
+            f"work unit {unit} took {seconds:.1f} worker-seconds, more than its share of {SHARE_SECONDS:.0f}: make it "
+            "cheaper, or add it to REVIEWED in python/tests/unit_costs.py with what it proves (a review's decision)"
+            for unit, seconds in self.over_share()
+        ]
 
 
 if __name__ == "__main__":
