@@ -74,3 +74,41 @@ def test_a_run_is_judged_by_the_whole_device_against_the_card(case):
     found, total, extra, fits, headroom = BUDGETS[case]
     judged = dm.budget(found, total, extra)
     assert (judged["fits"], judged["headroom_mib"]) == (fits, headroom)
+
+
+def test_a_sampler_cut_off_keeps_its_figures_on_disk(tmp_path, monkeypatch):
+    """A call cut at its time limit loses run_check's memory: the figures so far are on disk every 25 samples."""
+    answers = {tuple(dm.APPS_QUERY): "7, python3, 900\n", tuple(dm.USED_QUERY): "0, 905\n"}
+    monkeypatch.setattr(dm, "_query", lambda argv: answers[tuple(argv)])
+    monkeypatch.setattr(dm, "SAMPLE_SECONDS", 0.001)
+    path = tmp_path / "run.device.json"
+    with dm.Sampler(path=path) as sampler:
+        while len(sampler.samples) < 30:
+            pass
+    import json
+
+    written = json.loads(path.read_text())
+    assert written["device_used_peak_mib"] == 905 and written["processes"]["7"]["peak_mib"] == 900
+    assert written["samples"] == len(sampler.samples) >= 30
+
+
+REAL_H100 = "0, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.159.04, 00000000:00:06.0, Enabled, Enabled\n"
+
+
+def test_the_recorded_h100_answers_read_as_preflight_and_the_sampler_read_them():
+    """python/tests/fixtures/real-hosts/h100-r580-ecc.txt, recorded by record_host.sh on the GPU machine."""
+    from p40fleet_dev.paths import REPO_ROOT
+    from tests.test_gpu_preflight_rules import PROBE, recorded
+
+    path = REPO_ROOT / "python" / "tests" / "fixtures" / "real-hosts" / "h100-r580-ecc.txt"
+    query = next(c for c in path.read_text().splitlines() if c.startswith("$ nvidia-smi --query-gpu=index,name"))[2:]
+    out = recorded(path, query).rsplit("rc=", 1)[0]
+    assert out == REAL_H100
+    (gpu,) = PROBE.parse_gpus(PROBE.QUERY_FIELDS, out)
+    assert (gpu["memory_mib"], gpu["ecc"], gpu["ecc_pending"]) == (81559, "on", "on")
+    apps = recorded(
+        path, "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits; echo rc=$?"
+    )
+    assert dm.parse_apps(apps) == {}
+    used = recorded(path, "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits; echo rc=$?")
+    assert dm.parse_used(used) == 0

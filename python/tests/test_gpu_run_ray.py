@@ -14,7 +14,8 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.launch_render import preflight_profile, render
 
 sys.path.insert(0, str(REPO_ROOT / "python" / "tests" / "gpu"))
-import run_check  # noqa: E402  (a script on the GPU machine, imported as learning's tests do)
+# A script on the GPU machine, imported as the learning tests import it.
+import run_check
 
 PORT = re.compile(r"(?:port|PORT)=\"?(\d+)")
 

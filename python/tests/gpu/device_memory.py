@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import subprocess
 import threading
 import time
@@ -87,9 +88,11 @@ def _query(argv: list[str]) -> str:
 class Sampler:
     """Samples APPS_QUERY and USED_QUERY in a thread until stop(), which returns summarise()'s figures."""
 
-    def __init__(self, index: str = "0", enabled: bool = True):
+    def __init__(self, index: str = "0", enabled: bool = True, path: pathlib.Path | None = None):
         self.index = index
         self.enabled = enabled
+        # Written every few seconds too: a call cut off at its time limit keeps the figures so far.
+        self.path = path
         self.samples: list[dict] = []
         self.idle = parse_used(_query(USED_QUERY), index) if enabled else None
         self._stop = threading.Event()
@@ -98,6 +101,8 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append({"apps": parse_apps(_query(APPS_QUERY)), "used": parse_used(_query(USED_QUERY))})
+            if self.path and len(self.samples) % 25 == 0:
+                self.path.write_text(json.dumps(self.result()) + "\n")
             self._stop.wait(SAMPLE_SECONDS)
 
     def __enter__(self) -> Sampler:
@@ -109,6 +114,8 @@ class Sampler:
         self._stop.set()
         if self.enabled:
             self._thread.join()
+            if self.path:
+                self.path.write_text(json.dumps(self.result()) + "\n")
 
     def result(self) -> dict:
         return summarise(self.samples, self.idle)

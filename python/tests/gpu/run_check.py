@@ -307,7 +307,10 @@ def run_plan(name: str, case: dict, script: pathlib.Path, index: int, site: str,
         # Every process's device memory through the run (tests/gpu/device_memory.py): the run is alone on the GPU
         # when its memory is recorded (main runs the cases one after the other, the sweep too). The learning proof's
         # runs go side by side and record no memory (sample=False).
-        with open(log_path, "w") as log_file, device_memory.Sampler(enabled=sample) as sampler:
+        with (
+            open(log_path, "w") as log_file,
+            device_memory.Sampler(enabled=sample, path=log_path.with_suffix(".device.json")) as sampler,
+        ):
             done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(script.parent))
         output = log_path.read_text(errors="replace")
         summary = [ln for ln in output.splitlines() if ln.startswith("smoke: ")]
