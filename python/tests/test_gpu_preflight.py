@@ -209,14 +209,14 @@ ACCEPTED = {
 
 # Launch tier (min_memory_mib) each accepted host's GPU memory must select.
 TIERS = {
-    "node1": 23000,
-    "node8": 23000,
-    "node11": 23000,
+    "node1": 22500,
+    "node8": 22500,
+    "node11": 22500,
     "node12": 15000,
     "node13": 40000,
     "node14": 0,
     "node15": 0,
-    "node17": 23000,
+    "node17": 22500,
     "node18": 15000,
 }
 

@@ -55,6 +55,17 @@ REVIEWED: dict[str, str] = {
     "python/tests/test_login_modes.py": "each login mode (sudo with and without a password, root) from a minimal "
     "host through host_prereqs",
     "python/tests/test_bundle.py": "a bundle directory is all a fresh sandbox host needs, its mirror stopped",
+    "python/tests/test_train_runs.py": "p40fleet train for real on three sandbox hosts under the stand-in service "
+    "manager: a stop and resume from a checkpoint and a power cycle under a run, followed to the end in status and "
+    "report (review 2026-12-07: its fresh hosts are its subject, a converged host would not show a first start)",
+    "python/tests/test_collection.py": "the collection built offline and installed with ansible-galaxy converges a "
+    "sandbox host from outside the checkout (review 2026-12-07: one converge, what the acceptance asks for)",
+    "python/tests/test_cpu_verl.py": "verl 0.4.1's and transformers' real code on a CPU: rollout positions with "
+    "and without the patch, validation chunks and start-up checks for 1 to 8 GPUs, each with its negative control",
+    "python/tests/test_gpu_qualify.py": "playbooks/qualify.yml twice over real SSH and sudo, one recorded card per "
+    "host, the second run judging a card from the history the first kept",
+    "python/tests/test_gpu_preflight.py": "one ansible-playbook run judging every GPU setup preflight knows, one "
+    "host each, and a driver change on a converged host",
 }
 
 # --durations lines under xdist: "12.34s call     path::test@unit".
