@@ -223,6 +223,26 @@ def _cancelled_by_signals() -> Iterator[tuple[Callable[[], bool] | None, list[in
             signal.signal(number, handler)
 
 
+def _close_exited_without_pause() -> None:
+    """ptyprocess's close() sleeps 0.1 s "to give the kernel time to update process status" before it checks the
+    child. ansible-runner closes the child only after `isalive()` has reaped it and its last output was read, so
+    that pause is pure waiting on every run (docs/benchmarks-overhead.md). A child already reaped is closed without
+    it; a live one keeps the pause and the terminate that follows. Installed once, for the whole process."""
+    import ptyprocess
+
+    original = ptyprocess.PtyProcess.close
+    if getattr(original, "p40fleet_exited_without_pause", False):
+        return
+
+    def close(self, force: bool = True) -> None:
+        if self.terminated:
+            self.delayafterclose = 0
+        original(self, force)
+
+    close.p40fleet_exited_without_pause = True  # type: ignore[attr-defined]
+    ptyprocess.PtyProcess.close = close
+
+
 def run_playbook(
     playbook: Path | str,
     inventory: Path | str,
@@ -248,6 +268,7 @@ def run_playbook(
     # report` never need (docs/benchmarks-overhead.md).
     import ansible_runner
 
+    _close_exited_without_pause()
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
     keep = keep_runs if keep_runs is not None else default_keep_runs()
     inventory = Path(inventory).resolve()
