@@ -85,9 +85,9 @@ def _say_why_nothing_ran(result) -> None:
         console.out(f"p40fleet: {result.message}", highlight=False)
 
 
-def _run_reported(args: argparse.Namespace, label: str, prepare=None, done: str = "") -> int:
-    """One playbook run with its summary and report: `prepare(args, inventory)` first (where given), `done` said
-    after a run that happened."""
+def _run_reported(args: argparse.Namespace, label: str, prepare=None, done=None) -> int:
+    """One playbook run with its summary and report: `prepare(args, inventory)` first (where given), what
+    `done(result)` says after a run that happened."""
     inventory = Path(args.inventory)
     if not inventory.exists():
         console.out(f"p40fleet: inventory {inventory} not found: copy inventory/hosts.example.yml and edit it")
@@ -100,8 +100,8 @@ def _run_reported(args: argparse.Namespace, label: str, prepare=None, done: str 
         _say_why_nothing_ran(result)
     else:
         report_mod.print_summary(console, summary)
-        if done:
-            console.out(f"p40fleet: {done}", highlight=False)
+        if done is not None:
+            console.out(f"p40fleet: {done(result)}", highlight=False)
     report_mod.write_report(summary, args.report)
     return result.exit_code
 
@@ -144,9 +144,30 @@ def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
     args.playbook = QUALIFY_PLAYBOOK
 
 
+def _file_version(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def qualify_outcome(history: Path, before: tuple[int, int] | None, result) -> str:
+    """What the run did to the verdicts' file: said only when it was written (the role writes it whatever happened
+    on the hosts that ran; none may have)."""
+    if _file_version(history) != before:
+        return f"this run's verdicts and host failures are kept in {history}"
+    return (
+        f"no verdict was written to {history}: no host reached the judging"
+        + (f" ({result.status})" if result.status else "")
+        + "; the failures above say why"
+    )
+
+
 def cmd_qualify(args: argparse.Namespace) -> int:
     history = qualify_history_path(getattr(args, "state_dir", None), Path(args.inventory))
-    return _run_reported(args, "qualify", _prepare_qualify, f"every card's verdict is kept in {history}")
+    before = _file_version(history)
+    return _run_reported(args, "qualify", _prepare_qualify, lambda result: qualify_outcome(history, before, result))
 
 
 def _record_line(record: fleet.HostRecord) -> str:

@@ -128,11 +128,20 @@ class RunResult:
         return self.artifact_dir.parent.parent
 
 
+# Ansible's whole message for a command that exited non-zero: the command's own words are in its output.
+GENERIC_COMMAND_MESSAGE = "non-zero return code"
+
+
 def _failure_message(result: dict) -> str:
     message = result.get("msg") or result.get("stderr") or result.get("module_stderr") or ""
     if isinstance(message, list):
         message = "\n".join(str(m) for m in message)
-    return str(message).strip()
+    message = str(message).strip()
+    if message == GENERIC_COMMAND_MESSAGE:
+        said = str(result.get("stderr") or result.get("stdout") or "").strip()
+        if said:
+            message = f"{message} (rc {result.get('rc')}): {said}"
+    return message
 
 
 # The recap as ansible-runner names it ("dark" is unreachable).
