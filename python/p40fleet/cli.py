@@ -230,6 +230,7 @@ def print_records(records: list[fleet.HostRecord], totals: dict) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     # Only the report reads these; `p40fleet run` starts without them (docs/benchmarks-overhead.md).
     from p40fleet import card_table, html_report
+    from p40fleet import train as train_mod
     from p40fleet.train import saved_runs
 
     inventory = Path(args.inventory)
@@ -269,6 +270,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         args.html.write_text(html_report.render_html(data), encoding="utf-8")
     print_records(records, data["totals"])
+    # What the HTML shows besides the hosts: every card's last qualification and the training runs.
+    for line in card_table.card_lines(data["cards"]):
+        console.out(line, highlight=False)
+    if data["runs"]:
+        console.out("Training runs (their last status, as `p40fleet train` saw it):", highlight=False)
+        train_mod.print_runs(console, data["runs"])
     for path in (args.json, args.html):
         if path:
             print(path)
@@ -314,7 +321,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         become_password_file=args.become_password_file,
         state_dir=args.state_dir,
     )
-    train.print_runs(Console(highlight=False), result.runs)
+    # With `--json -` the JSON is standard output's alone; the table goes to standard error.
+    to_stdout = args.json is not None and str(args.json) == "-"
+    train.print_runs(Console(highlight=False, stderr=to_stdout), result.runs, wide=args.wide)
     for failure in result.run.failures:
         console.out(f"{failure.host}: {failure.task}: {one_line(failure.message)}", highlight=False)
     if args.json:
@@ -482,7 +491,17 @@ def parser() -> argparse.ArgumentParser:
         taction.add_argument("-l", "--limit", help=LIMIT_HELP)
         taction.add_argument("--name", help="the run's name (train_run_name, default gsm8k)")
         taction.add_argument("--cluster", help="one job on this Ray cluster (p40fleet_cluster) instead of a run a host")
-        taction.add_argument("--json", type=Path, help="write the runs as JSON here (schema p40fleet.train-runs/v1)")
+        taction.add_argument(
+            "--json",
+            type=Path,
+            metavar="FILE",
+            help="write the runs as JSON here, - for standard output (schema p40fleet.train-runs/v1)",
+        )
+        taction.add_argument(
+            "--wide",
+            action="store_true",
+            help="on a terminal, the table with each run's start and log too (elsewhere every run is one whole line)",
+        )
         taction.add_argument("--state-dir", type=Path, help="where the runs' last status is kept for the report")
         taction.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     train.set_defaults(func=cmd_train)

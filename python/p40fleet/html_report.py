@@ -22,7 +22,9 @@ ORDER = {
 }
 LABELS = {
     "converged": "converged",
-    "ok": "last run ok",
+    # Not "last run ok": every card's footer says how its last run went, converged hosts' too; this status is a host
+    # whose last run went well and whose state was not read since.
+    "ok": "ran ok, not probed",
     "drift": "drift",
     "failed": "failed",
     "unreachable": "unreachable",
