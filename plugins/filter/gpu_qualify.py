@@ -539,11 +539,54 @@ def _retired_total(retired):
     return (retired.get("sbe") or 0) + (retired.get("dbe") or 0)
 
 
+# The most of a failed command's output a verdict carries: its message is at its start (nvidia-smi) or end.
+MESSAGE_LINES = 12
+
+
+def _output_message(text):
+    lines = [line.rstrip() for line in str(text or "").splitlines() if line.strip()]
+    if len(lines) > MESSAGE_LINES:
+        lines = [*lines[: MESSAGE_LINES // 2], "...", *lines[-MESSAGE_LINES // 2 :]]
+    return "\n".join(lines)
+
+
+def sampler_finding(collected):
+    """The fail finding of a sampler that stopped by itself (nvidia-smi refused a field, or died), in its own words;
+    None when it sampled until the load ended (files/sampler.py exits 0 then)."""
+    rc = int(collected.get("sampler_rc") or 0)
+    if rc == 0:
+        return None
+    said = _output_message(collected.get("samples")) or "nothing"
+    return {
+        "level": "fail",
+        "reason": f"root's nvidia-smi stopped sampling (exit {rc}), so the card was not seen under load; it said: "
+        f"{said}",
+        "do": "run the same nvidia-smi --query-gpu on the host as root and fix what it says (a field the driver "
+        "does not know: a newer driver, or gpu_qualify_nvidia_smi pointing at the wrong tool), then re-run qualify",
+    }
+
+
+def gpu_qualify_failure_message(result):
+    """A failed task's own words (ansible_failed_result): its msg, and a command's output where msg is only
+    Ansible's "non-zero return code"."""
+    result = result if isinstance(result, dict) else {}
+    items = [item for item in result.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+    if items:  # a loop: each failed item in its own words
+        return "\n".join(gpu_qualify_failure_message({**item, "results": None}) for item in items)
+    msg = str(result.get("msg") or "").strip()
+    output = _output_message(result.get("stderr") or result.get("stdout") or result.get("module_stderr") or "")
+    if output and (not msg or msg == "non-zero return code" or "rc" in result):
+        rc = result.get("rc")
+        msg = f"{msg or 'failed'}{f' (exit {rc})' if rc is not None else ''}: {output}"
+    return msg or "failed without a message"
+
+
 def gpu_qualify_verdicts(collected, history, settings):
     """One verdict per card of a host. `collected`: the texts root's commands returned (smi_q, samples,
-    samples_fields, kernel_log); `history`: the controller's record ({'cards': {id: last verdict}})."""
+    samples_fields, sampler_rc, kernel_log); `history`: the controller's record ({'cards': {id: last verdict}})."""
     cards = parse_smi_q(collected["smi_q"], settings.get("host", "this host"))
-    samples = parse_samples(collected["samples"], collected["samples_fields"])
+    stopped = sampler_finding(collected)
+    samples = [] if stopped else parse_samples(collected["samples"], collected["samples_fields"])
     xids = parse_xids(collected.get("kernel_log", ""))
     known = (history or {}).get("cards") or {}
     verdicts = []
@@ -552,6 +595,10 @@ def gpu_qualify_verdicts(collected, history, settings):
         mine = [s for s in samples if bus_key(s.get("pci.bus_id", "")) == key]
         previous = (known.get(card_id(card)) or {}).get("last")
         verdict = card_verdict(card, mine, xids.get(key, {}), previous, settings)
+        if stopped:
+            findings = [stopped, *verdict["findings"]]
+            reasons = [f["reason"] for f in findings]
+            verdict = {**verdict, "verdict": "fail", "findings": findings, "reasons": reasons}
         # nvidia-smi's index as its samples give it; -q lists the cards in that same (PCI bus) order.
         index = next((s["index"] for s in mine if s.get("index") is not None), position)
         verdicts.append({**verdict, "index": int(index)})
@@ -569,14 +616,20 @@ def gpu_qualify_message(verdicts):
     return "\n".join(lines)
 
 
-def gpu_qualify_history(history, verdicts, checked_at, keep=20, topologies=()):
+def gpu_qualify_history(history, verdicts, checked_at, keep=20, topologies=(), failures=()):
     """The controller's history with these verdicts folded in: per card, the last verdict and a short trail; per
-    host, its last topology (gpu_qualify_topology), whose nccl_environment the launch script takes."""
+    host, its last topology (gpu_qualify_topology), whose nccl_environment the launch script takes, and the failure
+    that stopped its last qualification before any card was judged ({host, task, message}; a later qualification
+    that judged the cards clears it)."""
     cards = dict((history or {}).get("cards") or {})
     hosts = dict((history or {}).get("hosts") or {})
     for topology in topologies or ():
         if topology:
             hosts[topology["host"]] = {"checked_at": checked_at, **topology}
+    for failure in failures or ():
+        if failure:
+            kept = hosts.get(failure["host"]) or {}
+            hosts[failure["host"]] = {**kept, "failure": {"checked_at": checked_at, **failure}}
     for verdict in verdicts:
         record = dict(verdict, checked_at=checked_at)
         old = cards.get(verdict["id"]) or {}
@@ -723,6 +776,7 @@ class FilterModule:
             "gpu_qualify_verdicts": gpu_qualify_verdicts,
             "gpu_qualify_history": gpu_qualify_history,
             "gpu_qualify_message": gpu_qualify_message,
+            "gpu_qualify_failure_message": gpu_qualify_failure_message,
             "gpu_qualify_refusals": gpu_qualify_refusals,
             "gpu_qualify_topology": gpu_qualify_topology,
             "gpu_qualify_sample_fields": sample_fields,

@@ -80,6 +80,10 @@ def train_run_progress(text, now=0, started=0):
     total = None
     checkpoint = None
     skipped = 0
+    # verl prints the total once per start of its trainer: each one after the first is a resume, from the
+    # checkpoint saved last before it.
+    starts = 0
+    resumed_from = []
     for raw in str(text).splitlines()[-LINE_LIMIT:]:
         line = CONTROL.sub("", raw).rstrip("\r")
         if not line:
@@ -96,6 +100,9 @@ def train_run_progress(text, now=0, started=0):
         match = TOTAL_LINE.match(line)
         if match:
             total = int(match.group(1))
+            starts += 1
+            if starts > 1:
+                resumed_from.append(checkpoint)
             continue
         match = SAVE_LINE.match(line)
         if match:
@@ -133,6 +140,8 @@ def train_run_progress(text, now=0, started=0):
         "expected_end": round(now + remaining) if remaining is not None and now else None,
         "history": history,
         "skipped": skipped,
+        "resumes": len(resumed_from),
+        "resumed_from": resumed_from,
     }
 
 
@@ -155,7 +164,12 @@ def train_run_state(record, boot, active, progress, host="this host"):
         return {"state": "stopped", "why": "stopped by `p40fleet train stop`; `start` resumes it"}
     if step is not None and total is not None and step >= total:
         return {"state": "finished", "why": ""}
-    return {"state": "failed", "why": f"the run ended ({active}) at step {step} of {total}; see its log on {host}"}
+    if step is None:
+        at = "before its first step"
+    else:
+        at = f"at step {step} of {total}" if total is not None else f"at step {step} (no total steps logged)"
+    log = f" {record['log']}" if record.get("log") else ""
+    return {"state": "failed", "why": f"the run ended ({active}) {at}; see its log{log} on {host}"}
 
 
 class FilterModule:

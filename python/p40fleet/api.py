@@ -31,6 +31,8 @@ EXIT_BAD_INPUT = Exit.BAD_INPUT
 EXIT_NOT_IDEMPOTENT = Exit.NOT_IDEMPOTENT
 EXIT_INTERRUPTED = Exit.INTERRUPTED
 
+# A host's state in a run a signal stopped before its recap, neither failed nor unreachable.
+INTERRUPTED = "interrupted"
 STATE_PLAYBOOK = SITE_PLAYBOOK.parent / "playbooks" / "state.yml"
 # site.yml's play reads these as `serial:` and `max_fail_percentage:`.
 SERIAL_VAR = "p40fleet_serial"
@@ -55,7 +57,7 @@ class HostStats:
 @dataclass
 class HostResult:
     host: str
-    state: str  # ok | changed | failed | unreachable
+    state: str  # ok | changed | failed | unreachable | interrupted
     stats: HostStats
     failures: list[HostFailure] = field(default_factory=list)
 
@@ -148,22 +150,33 @@ def _serial_value(serial: int | str | Sequence | None):
 
 
 def last_run_failed_hosts(state: StateDir, inventory: Path) -> tuple[list[str], dict]:
-    """The hosts that failed or were unreachable in the last run against the inventory."""
+    """The hosts that failed, were unreachable or were interrupted in the last run against the inventory."""
     last = state.inventory(inventory).read_last_report()
     if not last or not last.get("runs"):
         raise NothingToRetry(
             f"--retry-failed: no previous run against {inventory} in {state.root}: run without --retry-failed first"
         )
     run = last["runs"][-1]
-    hosts = sorted(h for h, e in run.get("hosts", {}).items() if e.get("state") in ("failed", "unreachable"))
+    hosts = sorted(
+        h for h, e in run.get("hosts", {}).items() if e.get("state") in ("failed", "unreachable", INTERRUPTED)
+    )
     return hosts, run
 
 
-def _host_results(run: RunResult) -> dict[str, HostResult]:
-    return {
-        host: HostResult(host, host_state(stats), HostStats(**stats), run.host_failures(host))
-        for host, stats in run.stats.items()
-    }
+def _host_results(run: RunResult, targeted: Iterable[str] = ()) -> dict[str, HostResult]:
+    """Each host's result. A run a signal stopped before its recap: a host that failed or was unreachable keeps
+    that, the others (and the targeted hosts no result came from) are interrupted, with the counts until then."""
+    stats = dict(run.stats)
+    stopped = bool(run.signal) and not run.recap
+    if stopped:
+        stats.update({host: dict(vars(HostStats())) for host in targeted if host not in stats})
+    results = {}
+    for host, counts in sorted(stats.items()):
+        state = host_state(counts)
+        if stopped and state not in ("failed", "unreachable"):
+            state = INTERRUPTED
+        results[host] = HostResult(host, state, HostStats(**counts), run.host_failures(host))
+    return results
 
 
 def provision(
@@ -279,7 +292,7 @@ def provision(
             keep_runs=keep_runs,
             pass_env=pass_env,
         )
-        result = _result_of(run, **base, limit=limit, run=run)
+        result = _result_of(run, **base, limit=limit, run=run, targeted=checked.hosts)
         if record:
             from p40fleet.report import build_report
 
@@ -290,8 +303,9 @@ def provision(
         return result
 
 
-def _result_of(finished_run: RunResult, **fields) -> ProvisionResult:
-    """What a finished run says, as the typed result (fields: what the caller knows besides the run)."""
+def _result_of(finished_run: RunResult, targeted: Iterable[str] = (), **fields) -> ProvisionResult:
+    """What a finished run says, as the typed result (fields: what the caller knows besides the run; targeted: the
+    hosts it ran on)."""
     run = finished_run
     return ProvisionResult(
         **fields,
@@ -301,7 +315,7 @@ def _result_of(finished_run: RunResult, **fields) -> ProvisionResult:
         run_id=run.run_id,
         started=run.started,
         finished=run.finished,
-        hosts=_host_results(run),
+        hosts=_host_results(run, targeted),
         failures=list(run.failures),
         artifact_dir=run.artifact_dir,
     )

@@ -219,19 +219,47 @@ def _row(row: dict) -> str:
     return f'<tr class="v-{_e(verdict)}">{"".join(cells)}</tr>'
 
 
+def summary_line(rows: list[dict]) -> str:
+    counts = Counter(r["verdict"] for r in rows)
+    hosts = len({r["host"] for r in rows})
+    return (
+        f"{len(rows)} cards on {hosts} hosts: {counts.get('fail', 0)} fail, {counts.get('warn', 0)} warn,"
+        f" {counts.get('pass', 0)} pass (p40fleet qualify; each card's last run)"
+    )
+
+
+def card_lines(rows: list[dict]) -> list[str]:
+    """The card table as text, one line per card (failed first) with every column the HTML has; the reasons come
+    from the hosts' own reports, so control characters are left out."""
+    from p40fleet.progress import printable
+
+    lines = [f"GPU qualification: {summary_line(rows)}"] if rows else []
+    for row in rows:
+        temp = row["max_temperature"]
+        throttle = ", ".join(REASON_SHORT.get(r, r) for r in row["throttle_reasons"]) or "no throttling"
+        cells = [
+            f"max {temp:.0f} °C" if temp is not None else "max °C —",
+            throttle,
+            f"PCIe {_pcie(row['pcie'])[0]}",
+            f"ECC SBE/DBE · retired {_memory(row)[0]}",
+            row["trend"],
+        ]
+        head = f"  {row['host']} GPU {row['index']} serial {row['serial']} ({row['model']}): {row['verdict']}"
+        reasons = "; ".join(row["reasons"])
+        lines.append(printable(" · ".join([head, *cells]) + (f" · {reasons}" if reasons else "")))
+    return lines
+
+
 def render_card_table(rows: list[dict]) -> str:
     """The HTML section (with its style and script) for the report's rows; "" where no card was qualified."""
     if not rows:
         return ""
-    counts = Counter(r["verdict"] for r in rows)
-    hosts = len({r["host"] for r in rows})
     head = "".join(f'<th scope="col">{_e(label)}</th>' for _, label in COLUMNS)
     body = "\n".join(_row(r) for r in rows)
     return f"""<section class="cards-section" id="cards">
 <style>{CSS}</style>
 <h2>GPU qualification</h2>
-<p class="note">{len(rows)} cards on {hosts} hosts: {counts.get("fail", 0)} fail, {counts.get("warn", 0)} warn,
- {counts.get("pass", 0)} pass (p40fleet qualify; each card's last run). Click a column to sort.</p>
+<p class="note">{_e(summary_line(rows))}. Click a column to sort.</p>
 <div class="card-scroll">
 <table class="cards">
 <thead><tr>{head}</tr></thead>

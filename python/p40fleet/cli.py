@@ -85,9 +85,9 @@ def _say_why_nothing_ran(result) -> None:
         console.out(f"p40fleet: {result.message}", highlight=False)
 
 
-def _run_reported(args: argparse.Namespace, label: str, prepare=None, done: str = "") -> int:
-    """One playbook run with its summary and report: `prepare(args, inventory)` first (where given), `done` said
-    after a run that happened."""
+def _run_reported(args: argparse.Namespace, label: str, prepare=None, done=None) -> int:
+    """One playbook run with its summary and report: `prepare(args, inventory)` first (where given), what
+    `done(result)` says after a run that happened."""
     inventory = Path(args.inventory)
     if not inventory.exists():
         console.out(f"p40fleet: inventory {inventory} not found: copy inventory/hosts.example.yml and edit it")
@@ -100,8 +100,8 @@ def _run_reported(args: argparse.Namespace, label: str, prepare=None, done: str 
         _say_why_nothing_ran(result)
     else:
         report_mod.print_summary(console, summary)
-        if done:
-            console.out(f"p40fleet: {done}", highlight=False)
+        if done is not None:
+            console.out(f"p40fleet: {done(result)}", highlight=False)
     report_mod.write_report(summary, args.report)
     return result.exit_code
 
@@ -144,9 +144,30 @@ def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:
     args.playbook = QUALIFY_PLAYBOOK
 
 
+def _file_version(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def qualify_outcome(history: Path, before: tuple[int, int] | None, result) -> str:
+    """What the run did to the verdicts' file: said only when it was written (the role writes it whatever happened
+    on the hosts that ran; none may have)."""
+    if _file_version(history) != before:
+        return f"this run's verdicts and host failures are kept in {history}"
+    return (
+        f"no verdict was written to {history}: no host reached the judging"
+        + (f" ({result.status})" if result.status else "")
+        + "; the failures above say why"
+    )
+
+
 def cmd_qualify(args: argparse.Namespace) -> int:
     history = qualify_history_path(getattr(args, "state_dir", None), Path(args.inventory))
-    return _run_reported(args, "qualify", _prepare_qualify, f"every card's verdict is kept in {history}")
+    before = _file_version(history)
+    return _run_reported(args, "qualify", _prepare_qualify, lambda result: qualify_outcome(history, before, result))
 
 
 def _record_line(record: fleet.HostRecord) -> str:
@@ -209,6 +230,7 @@ def print_records(records: list[fleet.HostRecord], totals: dict) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     # Only the report reads these; `p40fleet run` starts without them (docs/benchmarks-overhead.md).
     from p40fleet import card_table, html_report
+    from p40fleet import train as train_mod
     from p40fleet.train import saved_runs
 
     inventory = Path(args.inventory)
@@ -248,6 +270,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         args.html.write_text(html_report.render_html(data), encoding="utf-8")
     print_records(records, data["totals"])
+    # What the HTML shows besides the hosts: every card's last qualification and the training runs.
+    for line in card_table.card_lines(data["cards"]):
+        console.out(line, highlight=False)
+    if data["runs"]:
+        console.out("Training runs (their last status, as `p40fleet train` saw it):", highlight=False)
+        train_mod.print_runs(console, data["runs"])
     for path in (args.json, args.html):
         if path:
             print(path)
@@ -293,7 +321,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         become_password_file=args.become_password_file,
         state_dir=args.state_dir,
     )
-    train.print_runs(Console(highlight=False), result.runs)
+    # With `--json -` the JSON is standard output's alone; the table goes to standard error.
+    to_stdout = args.json is not None and str(args.json) == "-"
+    train.print_runs(Console(highlight=False, stderr=to_stdout), result.runs, wide=args.wide)
     for failure in result.run.failures:
         console.out(f"{failure.host}: {failure.task}: {one_line(failure.message)}", highlight=False)
     if args.json:
@@ -461,7 +491,17 @@ def parser() -> argparse.ArgumentParser:
         taction.add_argument("-l", "--limit", help=LIMIT_HELP)
         taction.add_argument("--name", help="the run's name (train_run_name, default gsm8k)")
         taction.add_argument("--cluster", help="one job on this Ray cluster (p40fleet_cluster) instead of a run a host")
-        taction.add_argument("--json", type=Path, help="write the runs as JSON here (schema p40fleet.train-runs/v1)")
+        taction.add_argument(
+            "--json",
+            type=Path,
+            metavar="FILE",
+            help="write the runs as JSON here, - for standard output (schema p40fleet.train-runs/v1)",
+        )
+        taction.add_argument(
+            "--wide",
+            action="store_true",
+            help="on a terminal, the table with each run's start and log too (elsewhere every run is one whole line)",
+        )
         taction.add_argument("--state-dir", type=Path, help="where the runs' last status is kept for the report")
         taction.add_argument("--become-password-file", type=Path, help=BECOME_PASSWORD_HELP)
     train.set_defaults(func=cmd_train)

@@ -25,7 +25,7 @@ PROBE_KEYS = ("preflight", "verified", "reverify", "stages")
 PREFLIGHT_FACT = "gpu_preflight_state_content"
 # What playbooks/smoke.yml publishes per host (plugins/filter/launch_script.py shapes it).
 SMOKE_FACT = "launch_script_smoke_verdict"
-STATUSES = ("converged", "ok", "drift", "failed", "unreachable", "unknown")
+STATUSES = ("converged", "ok", "drift", "failed", "unreachable", "interrupted", "unknown")
 
 
 def probe_results(events: Iterable[dict]) -> dict[str, dict]:
@@ -322,7 +322,7 @@ def host_record(name: str, saved: dict) -> HostRecord:
 
 def _status(record: HostRecord, probed: bool) -> str:
     last = record.last_run
-    if last and last.state in ("failed", "unreachable"):
+    if last and last.state in ("failed", "unreachable", "interrupted"):
         return last.state
     if record.probe_error and record.probe_error.startswith("unreachable"):
         return "unreachable"

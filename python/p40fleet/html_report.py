@@ -16,20 +16,26 @@ from p40fleet.fleet import STATUSES
 from p40fleet.html_runs import render_runs
 from p40fleet.run_time import run_time
 
-ORDER = {status: index for index, status in enumerate(("failed", "unreachable", "drift", "unknown", "ok", "converged"))}
+ORDER = {
+    status: index
+    for index, status in enumerate(("failed", "unreachable", "interrupted", "drift", "unknown", "ok", "converged"))
+}
 LABELS = {
     "converged": "converged",
-    "ok": "last run ok",
+    # Not "last run ok": every card's footer says how its last run went, converged hosts' too; this status is a host
+    # whose last run went well and whose state was not read since.
+    "ok": "ran ok, not probed",
     "drift": "drift",
     "failed": "failed",
     "unreachable": "unreachable",
+    "interrupted": "run interrupted",
     "unknown": "not seen yet",
 }
 
 CSS = """
 :root {
   --converged: #1a7f37; --ok: #0f7b6c; --drift: #b35900; --failed: #cf222e; --unreachable: #8250df;
-  --unknown: #6e7781; --ink: #1f2328; --muted: #656d76; --line: #d0d7de; --paper: #f6f8fa;
+  --interrupted: #9a6700; --unknown: #6e7781; --ink: #1f2328; --muted: #656d76; --line: #d0d7de; --paper: #f6f8fa;
   --mono: ui-monospace, "DejaVu Sans Mono", monospace;
 }
 * { box-sizing: border-box; }
@@ -254,7 +260,7 @@ def render_html(report: dict) -> str:
     tiles = [
         f'<div class="total"><span class="n">{_e(totals.get("hosts", 0))}</span><span class="l">hosts</span></div>'
     ]
-    for status in ("converged", "ok", "drift", "failed", "unreachable", "unknown"):
+    for status in STATUSES:
         n = totals.get(status, 0)
         zero = " zero" if not n else ""
         tiles.append(

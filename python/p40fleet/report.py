@@ -14,7 +14,7 @@ from p40fleet.progress import one_line
 from p40fleet.state import now
 
 REPORT_SCHEMA = "p40fleet.report/v1"
-STATE_COLOURS = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta"}
+STATE_COLOURS = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "interrupted": "cyan"}
 
 
 def _failure(f) -> dict:

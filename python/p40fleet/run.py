@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,7 @@ class RunResult:
     started: str = ""
     finished: str = ""
     signal: int | None = None  # the signal (SIGINT, SIGTERM) that stopped the run, if one did
+    recap: bool = True  # whether the play reached its recap; if not, stats are the results that came in
 
     def host_failures(self, host: str) -> list[HostFailure]:
         return [f for f in self.failures if f.host == host]
@@ -126,11 +128,20 @@ class RunResult:
         return self.artifact_dir.parent.parent
 
 
+# Ansible's whole message for a command that exited non-zero: the command's own words are in its output.
+GENERIC_COMMAND_MESSAGE = "non-zero return code"
+
+
 def _failure_message(result: dict) -> str:
     message = result.get("msg") or result.get("stderr") or result.get("module_stderr") or ""
     if isinstance(message, list):
         message = "\n".join(str(m) for m in message)
-    return str(message).strip()
+    message = str(message).strip()
+    if message == GENERIC_COMMAND_MESSAGE:
+        said = str(result.get("stderr") or result.get("stdout") or "").strip()
+        if said:
+            message = f"{message} (rc {result.get('rc')}): {said}"
+    return message
 
 
 # The recap as ansible-runner names it ("dark" is unreachable).
@@ -144,6 +155,36 @@ def _stats_from(event_data: dict) -> dict[str, dict[str, int]]:
     for column in columns.values():
         hosts.update(column.keys())
     return {h: {key: int(column.get(h, 0)) for key, column in columns.items()} for h in sorted(hosts)}
+
+
+# A task's result events, by the recap column each counts in (as ansible's own stats count them).
+RESULT_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failures",
+    "runner_on_unreachable": "unreachable",
+    "runner_on_skipped": "skipped",
+}
+
+
+def stats_from_events(events: Iterable[dict]) -> dict[str, dict[str, int]]:
+    """The recap by host from the task results that came in: what a run that never reached its recap did."""
+    stats: dict[str, dict[str, int]] = {}
+    for event in events:
+        column = RESULT_EVENTS.get(event.get("event", ""))
+        data = event.get("event_data") or {}
+        host = data.get("host")
+        if column is None or not host:
+            continue
+        row = stats.setdefault(host, dict.fromkeys(STAT_KEYS, 0))
+        res = data.get("res") if isinstance(data.get("res"), dict) else {}
+        if column == "failures" and data.get("ignore_errors"):
+            row["ok"] += 1
+            row["ignored"] += 1
+            continue
+        row[column] += 1
+        if column == "ok" and res.get("changed"):
+            row["changed"] += 1
+    return dict(sorted(stats.items()))
 
 
 def failure_from_event(event: dict) -> HostFailure | None:
@@ -204,20 +245,81 @@ def _checked_password_file(become_password_file: Path | str) -> Path:
     return password_file
 
 
+# How long ansible-playbook has to end its workers after the signal p40fleet passes on, before ansible-runner's
+# SIGKILL of its process group; a second Ctrl-C cuts it short.
+INTERRUPT_GRACE_S = 15.0
+# How often ansible-runner asks whether the run is cancelled (its default, 5 s, left workers running that long).
+CANCEL_POLL_S = 0.25
+
+
+class _Interrupt:
+    """SIGINT and SIGTERM during a run: the signal is passed on to ansible-playbook, whose own handler passes it to
+    its workers. They run in sessions of their own (ansible's WorkerProcess calls setsid), so ansible-runner's
+    cancel, a SIGKILL of ansible-playbook's process group, left them running with their SSH sessions and commands.
+    `cancel` (ansible-runner's cancel_callback) says yes, and so lets that SIGKILL happen, only when the grace
+    period is over, when a second signal came, or when ansible-playbook's pid is not known yet (no worker then)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.pid: int | None = None  # ansible-playbook's, from its first event
+        self.passed: set[int] = set()
+        self.deadline: float | None = None
+
+    def on_event(self, event: dict) -> None:
+        if self.pid is None and isinstance(event.get("pid"), int):
+            self.pid = event["pid"]
+            self._pass_on()
+
+    def on_signal(self, number: int, frame=None) -> None:
+        self.received.append(number)
+        grace = INTERRUPT_GRACE_S if len(self.received) == 1 else 0.0
+        self.deadline = time.monotonic() + grace
+        self._pass_on()
+
+    def _pass_on(self) -> None:
+        if self.pid is None or not self.received or self.received[-1] in self.passed:
+            return
+        if not _is_our_child(self.pid):
+            return  # ended (and reaped) already: the pid may be another process's by now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, self.received[-1])
+        self.passed.add(self.received[-1])
+
+    def cancel(self) -> bool:
+        if not self.received:
+            return False
+        self._pass_on()
+        return self.pid is None or time.monotonic() >= (self.deadline or 0.0)
+
+
+def _is_our_child(pid: int) -> bool:
+    """Whether pid is a child of this process (ansible-runner's ansible-playbook); where /proc is missing, the pid
+    came from that child's own event while the run goes on."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        fields = stat.read_text(encoding="utf-8", errors="replace").rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()
+    except (OSError, IndexError):
+        return False
+    # After the name: state, ppid. A zombie is not signalled (it has ended).
+    return fields[0] != "Z" and int(fields[1]) == os.getpid()
+
+
 @contextlib.contextmanager
-def _cancelled_by_signals() -> Iterator[tuple[Callable[[], bool] | None, list[int]]]:
-    """A cancel callback for ansible-runner that SIGINT and SIGTERM set, and the signals received: the run ends
-    with the signal's own exit code (python/p40fleet/exit_codes.py). ansible-runner's own signal_handler keeps its
-    handlers for good, so a second Ctrl-C after the run did nothing; these are put back when the run ends."""
-    received: list[int] = []
+def _cancelled_by_signals() -> Iterator[_Interrupt | None]:
+    """SIGINT and SIGTERM end the run (_Interrupt) with the signal's own exit code (python/p40fleet/exit_codes.py).
+    ansible-runner's own signal_handler keeps its handlers for good, so a second Ctrl-C after the run did nothing;
+    these are put back when the run ends."""
     if threading.current_thread() is not threading.main_thread():
-        yield None, received  # only the main thread may set handlers; the caller's own stay in charge
+        yield None  # only the main thread may set handlers; the caller's own stay in charge
         return
+    interrupt = _Interrupt()
     kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     for number in kept:
-        signal.signal(number, lambda number, frame: received.append(number))
+        signal.signal(number, interrupt.on_signal)
     try:
-        yield (lambda: bool(received)), received
+        yield interrupt
     finally:
         for number, handler in kept.items():
             signal.signal(number, handler)
@@ -280,9 +382,12 @@ def run_playbook(
     run_id, private_data_dir = inventory_state.new_run()
     events: list[dict] = []
     failures: list[HostFailure] = []
+    interrupt: _Interrupt | None = None
 
     def on_event(event: dict) -> bool:
         events.append(event)
+        if interrupt is not None:
+            interrupt.on_event(event)
         failure = failure_from_event(event)
         if failure is not None:
             failures.append(failure)
@@ -325,18 +430,24 @@ def run_playbook(
         # ansible-runner seeds the run's environment with all of ours: keep only what ansible
         # needs (and what ansible-runner itself set for its callback).
         config.env = {k: v for k, v in config.env.items() if k in env or k not in os.environ or os.environ[k] != v}
-        cancel, received = stack.enter_context(_cancelled_by_signals())
+        config.pexpect_timeout = CANCEL_POLL_S
+        interrupt = stack.enter_context(_cancelled_by_signals())
+        cancel = interrupt.cancel if interrupt is not None else None
         runner = ansible_runner.Runner(config, event_handler=on_event, status_handler=on_status, cancel_callback=cancel)
         runner.run()
     finished = now()
-    # ansible-runner's own recap (None when the play never reached it), by host.
-    stats = _stats_from(runner.stats or {})
+    received = interrupt.received if interrupt is not None else []
+    # ansible-runner's own recap, by host; when the play never reached it (a signal, a crash), what the hosts'
+    # results said until then.
+    recap = runner.stats is not None
+    stats = _stats_from(runner.stats) if recap else stats_from_events(events)
     with runner.stdout as handle:
         stdout = handle.read()
     inventory_state.rotate(keep)
     return RunResult(
         rc=runner.rc,
-        status=runner.status,
+        # ansible-playbook that ended on the signal passed on exits 99 or -2, which ansible-runner calls failed.
+        status="canceled" if received else runner.status,
         stats=stats,
         failures=failures,
         stdout=stdout,
@@ -346,6 +457,7 @@ def run_playbook(
         started=started,
         finished=finished,
         signal=received[0] if received else None,
+        recap=recap,
     )
 
 

@@ -12,6 +12,7 @@ status of each run is kept in the inventory's state directory for `p40fleet repo
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -116,17 +117,33 @@ def _duration(seconds) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
 
 
-def row(run: dict) -> list[str]:
-    """One run as the table shows it; every field came from a host, so it is made printable."""
+def step_text(progress: dict) -> str:
+    """Step X of Y, as far as the log said: "12 of 100", "12 (total not logged yet)", "-" before the first step."""
+    step, total = progress.get("step"), progress.get("total_steps")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return "-"
+    return f"{step} of {total}" if isinstance(total, int) and not isinstance(total, bool) else f"{step} (of ?)"
+
+
+def state_text(run: dict) -> str:
+    """The run's state, a resumed run marked with how many times its trainer started again (from its log)."""
+    resumes = (run.get("progress") or {}).get("resumes")
+    state = str(run.get("state", ""))
+    if isinstance(resumes, int) and not isinstance(resumes, bool) and resumes > 0:
+        state += f" (resumed{f' {resumes}x' if resumes > 1 else ''})"
+    return state
+
+
+def row(run: dict, wide: bool = False) -> list[str]:
+    """One run as the table shows it (`wide`: with where it started and its log); every field came from a host,
+    so it is made printable."""
     progress = run.get("progress") or {}
-    step = progress.get("step")
-    total = progress.get("total_steps")
     end = progress.get("expected_end")
     cells = [
         run.get("host", ""),
         run.get("name", ""),
-        run.get("state", ""),
-        f"{_number(step, '{}')}/{_number(total, '{}')}",
+        state_text(run),
+        step_text(progress),
         _number(progress.get("seconds_per_step"), "{:.1f}"),
         _number(progress.get("train_score")),
         _number(progress.get("val_score")) + (f" @{progress['val_step']}" if progress.get("val_step") else ""),
@@ -137,10 +154,13 @@ def row(run: dict) -> list[str]:
             else "-"
         ),
     ]
+    if wide:
+        cells += [run.get("started") or "-", f"{run.get('head') or run.get('host', '')}:{run.get('log') or '-'}"]
     return [printable(str(c)) for c in cells]
 
 
 COLUMNS = ("host", "run", "state", "step", "s/step", "train score", "val score", "checkpoint", "expected end")
+WIDE_COLUMNS = (*COLUMNS, "started", "log")
 
 
 def network(run: dict) -> tuple[str, str]:
@@ -153,24 +173,48 @@ def network(run: dict) -> tuple[str, str]:
     return (verdict if verdict in NETWORK_VERDICTS else "error"), printable(str(found["message"]))
 
 
-def print_runs(console: Console, runs: list[dict]) -> None:
+def print_runs(console: Console, runs: list[dict], wide: bool = False) -> None:
+    """A table on a terminal (`wide`: with where each run started and its log); elsewhere one line per run with
+    every column and the log, never cut to a width."""
     if not runs:
         console.print("No training run: `p40fleet train start` starts one per host.")
         return
-    table = Table(title=f"{len(runs)} run(s)", title_justify="left")
-    for column in COLUMNS:
-        table.add_column(column)
-    for run in runs:
-        table.add_row(*(escape(c) for c in row(run)))
-    console.print(table)
+    if console.is_terminal:
+        table = Table(title=f"{len(runs)} run(s)", title_justify="left")
+        for column in WIDE_COLUMNS if wide else COLUMNS:
+            table.add_column(column, overflow="fold")
+        for run in runs:
+            table.add_row(*(escape(c) for c in row(run, wide)))
+        console.print(table)
+    else:
+        console.out(f"{len(runs)} run(s)", highlight=False)
+        for run in runs:
+            cells = dict(zip(WIDE_COLUMNS, row(run, wide=True), strict=True))
+            said = " · ".join(f"{k} {v}" for k, v in cells.items() if k not in ("host", "run", "state") and v != "-")
+            console.out(f"  {cells['host']} {cells['run']}: {cells['state']} · {said}", highlight=False)
     for run in runs:
         if run.get("why") and run.get("state") != "member":
-            console.print(f"  {escape(printable(run['host']))}: {escape(printable(run['why']))}", highlight=False)
+            _say(console, "", f"  {printable(run['host'])}: {printable(run['why'])}")
         verdict, message = network(run)
         if message:
-            color = {"pass": "green", "warn": "yellow"}.get(verdict, "red")
-            console.print(f"  [{color}]network {verdict}[/]: {escape(message)}", highlight=False)
+            _say(console, {"pass": "green", "warn": "yellow"}.get(verdict, "red"), f"  network {verdict}: {message}")
+
+
+def _say(console: Console, color: str, text: str) -> None:
+    """A line under the table: coloured on a terminal, whole elsewhere (never wrapped or cut)."""
+    if console.is_terminal and color:
+        console.print(f"[{color}]{escape(text)}[/]", highlight=False)
+    elif console.is_terminal:
+        console.print(escape(text), highlight=False)
+    else:
+        console.out(text, highlight=False)
 
 
 def write_json(runs: list[dict], path: Path) -> None:
-    path.write_text(json.dumps({"schema": SCHEMA, "runs": runs}, indent=2) + "\n", encoding="utf-8")
+    """The runs as JSON (p40fleet.train-runs/v1) in the file, or on standard output for `-`."""
+    text = json.dumps({"schema": SCHEMA, "runs": runs}, indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        path.write_text(text, encoding="utf-8")

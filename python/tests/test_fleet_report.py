@@ -376,6 +376,7 @@ def test_json_and_html_report_from_a_state_directory(tmp_path, capsys):
         "drift": 1,
         "failed": 1,
         "unreachable": 1,
+        "interrupted": 0,
         "unknown": 1,
     }
     by_host = {h["host"]: h for h in data["hosts"]}

@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -639,3 +640,138 @@ def test_the_role_keeps_each_hosts_topology_with_its_cards(tmp_path):
     assert hosts["twin"]["nccl_environment"] == {"NCCL_P2P_DISABLE": "1"}
     assert hosts["twin"]["findings"][0]["reason"].startswith("P2P reads do not work between GPU0-GPU1 CNS")
     assert hosts["solo"]["nccl_environment"] == {} and hosts["solo"]["findings"] == []
+
+
+# --- A sampler that fails says why; one that samples stops with the load ---------------------------------------
+
+REFUSED = 'Field "serial" is not a valid field to query.'
+
+
+def test_a_failed_sampler_fails_every_card_in_its_own_words():
+    case = collected(standin("p40-healthy"))
+    [verdict] = RULES.gpu_qualify_verdicts({**case, "samples": REFUSED + "\n\n", "sampler_rc": "2"}, {}, settings())
+    assert verdict["verdict"] == "fail"
+    assert verdict["reasons"][0] == (
+        "root's nvidia-smi stopped sampling (exit 2), so the card was not seen under load; it said: " + REFUSED
+    )
+    # A sampler stopped at the load's end (exit 0) is judged by its samples, as before.
+    [verdict] = RULES.gpu_qualify_verdicts({**case, "sampler_rc": "0"}, {}, settings())
+    assert verdict["verdict"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ({"msg": "non-zero return code", "rc": 2, "stdout": REFUSED + "\n\n", "stderr": ""}, None),
+        (
+            {"msg": "non-zero return code", "rc": 9, "stdout": "", "stderr": "boom"},
+            "non-zero return code (exit 9): boom",
+        ),
+        ({"msg": "async task did not complete within the requested time"}, None),
+        ({}, "failed without a message"),
+        (
+            {
+                "msg": "One or more items failed",
+                "results": [{"failed": False}, {"failed": True, "rc": 1, "stderr": "x"}],
+            },
+            "failed (exit 1): x",
+        ),
+    ],
+)
+def test_a_failed_tasks_own_words(result, message):
+    expected = message or (
+        f"non-zero return code (exit 2): {REFUSED}"
+        if "rc" in result
+        else "async task did not complete within the requested time"
+    )
+    assert RULES.gpu_qualify_failure_message(result) == expected
+
+
+def test_a_host_whose_collection_failed_is_kept_in_the_history_and_a_later_run_clears_it():
+    failure = {"host": "gpu1", "task": "Collect root's samples", "message": "async task did not complete"}
+    kept = RULES.gpu_qualify_history({}, [], "2026-12-07T10:00:00+00:00", failures=[failure, None])
+    assert kept["hosts"]["gpu1"]["failure"] == {"checked_at": "2026-12-07T10:00:00+00:00", **failure}
+    topology = RULES.gpu_qualify_topology(collected(standin("p40-healthy")), "gpu1")
+    kept = RULES.gpu_qualify_history(kept, [judge("p40-healthy")], "2026-12-07T11:00:00+00:00", topologies=[topology])
+    assert "failure" not in kept["hosts"]["gpu1"]
+
+
+def test_the_role_on_local_hosts_stops_sampling_with_the_load_and_keeps_a_failed_samplers_words(tmp_path):
+    """tasks/main.yml as root on two hosts of the controller: root's nvidia-smi is the sandbox's stand-in (one
+    recorded card), the load sleeps 2 s as nobody. `good`'s sampler is stopped when the load ends (it would loop
+    for the load's 2 s + 60 s otherwise); `broken`'s nvidia-smi refuses the sample fields, and its verdict and the
+    history say so in nvidia-smi's words; `nolog`'s kernel log cannot be read: no card is judged, and the history
+    keeps the host's failure."""
+    hosts = {}
+    for host, name, fields in (
+        ("good", "p40-healthy", None),
+        ("broken", "p40-x8", ["index", "serial"]),
+        ("nolog", "p40-thermal", None),
+    ):
+        case = standin(name)
+        scenario = {**case, "samples_fields": fields or RULES.sample_fields(case["reasons_prefix"]), "cards": 1}
+        (tmp_path / f"{host}.json").write_text(json.dumps(scenario))
+        (tmp_path / f"{host}.log").write_text(case["kernel_log"])
+        smi = tmp_path / f"{host}-nvidia-smi"
+        smi.write_text(
+            f"#!/bin/sh\nP40FLEET_QUALIFY_SCENARIO={tmp_path / f'{host}.json'} exec {sys.executable} "
+            f'{STANDINS / "nvidia-smi"} "$@"\n'
+        )
+        smi.chmod(0o755)
+        hosts[host] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "ansible_become_method": "ansible.builtin.su",
+            "gpu_qualify_nvidia_smi": str(smi),
+            "gpu_qualify_python": sys.executable,
+            "gpu_qualify_kernel_log_command": ["/bin/cat", str(tmp_path / f"{host}.log")],
+        }
+    hosts["nolog"]["gpu_qualify_kernel_log_command"] = ["/bin/cat", str(tmp_path / "no-such.log")]
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": hosts}}}}))
+    playbook = tmp_path / "qualify.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"name": "Qualify", "hosts": "p40-hosts", "gather_facts": False, "roles": ["gpu_qualify"]}])
+    )
+    history = tmp_path / "gpu-qualify.json"
+    variables = {
+        "gpu_qualify_history_file": str(history),
+        "gpu_qualify_load_user": "nobody",
+        "gpu_qualify_load_command": [
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import sys, time; time.sleep(float(sys.argv[-1]))",
+        ],
+        "gpu_qualify_seconds": 2,
+        "gpu_qualify_sample_interval": 1,
+    }
+    envvars = {"ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles")}
+    started = time.monotonic()
+    result = run_playbook(playbook, inventory, extravars=variables, envvars=envvars)
+    took = time.monotonic() - started
+    failed = {f.host: f.message for f in result.failures}
+    assert set(failed) == {"broken", "nolog"}, result.stdout[-3000:]
+    assert (
+        'root\'s nvidia-smi stopped sampling (exit 2), so the card was not seen under load; it said: Field "index"'
+        in (failed["broken"])
+    )
+    kept = json.loads(history.read_text())
+    verdicts = {entry["last"]["host"]: entry["last"] for entry in kept["cards"].values()}
+    assert verdicts["broken"]["verdict"] == "fail"
+    assert 'Field "index" is not a valid field to query.' in verdicts["broken"]["reasons"][0]
+    assert verdicts["good"]["verdict"] == "pass" and "nolog" not in verdicts
+    assert failed["nolog"].startswith(
+        'nolog: qualify stopped at "Read root\'s nvidia-smi -q and the kernel log since boot", no card'
+    )
+    assert "no-such.log: No such file or directory" in failed["nolog"]
+    assert "no-such.log: No such file or directory" in kept["hosts"]["nolog"]["failure"]["message"]
+    # The sampler ended with the 2 s load, not 60 s after it: collecting its samples waited for nothing.
+    [collect] = [
+        e["event_data"]
+        for e in result.events
+        if e.get("event") == "runner_on_ok"
+        and e["event_data"].get("host") == "good"
+        and e["event_data"].get("task") == "Collect root's samples"
+    ]
+    assert collect["duration"] < 20, f"the samples came {collect['duration']:.0f} s after the load (run: {took:.0f} s)"

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from p40fleet import api, cli, report
-from p40fleet.run import HostFailure, RunResult, _stats_from
+from p40fleet.run import HostFailure, RunResult, _stats_from, failure_from_event
 from p40fleet_dev import cli as dev_cli
 
 RECAP = {
@@ -139,3 +139,36 @@ def test_progress_prints_changes_and_failures_only():
 def test_cli_refuses_unknown_profiles_without_touching_podman(capsys):
     argv = ["sandbox", "up", "--name", "pytest-nothing", "--profiles", "p40,no-such-gpu"]
     assert dev_cli.main(argv) == cli.EXIT_ERROR
+
+
+REFUSED = 'Field "serial" is not a valid field to query.'
+
+
+def test_a_failed_commands_own_words_follow_ansibles_non_zero_return_code():
+    event = {
+        "event": "runner_on_failed",
+        "event_data": {
+            "host": "node1",
+            "task": "Collect root's samples",
+            "res": {"msg": "non-zero return code", "rc": 2, "stdout": REFUSED + "\n\n", "stderr": ""},
+        },
+    }
+    failure = failure_from_event(event)
+    assert failure.message == f"non-zero return code (rc 2): {REFUSED}"
+    # A message of the task's own is kept as it is.
+    event["event_data"]["res"]["msg"] = "node1: the driver is too old"
+    assert failure_from_event(event).message == "node1: the driver is too old"
+
+
+def test_qualify_says_where_its_verdicts_are_only_when_it_wrote_them(tmp_path):
+    history = tmp_path / "gpu-qualify.json"
+    result = api.ProvisionResult(inventory=tmp_path, playbook=tmp_path, exit_code=2, status="failed")
+    before = cli._file_version(history)
+    said = cli.qualify_outcome(history, before, result)
+    assert (
+        said == f"no verdict was written to {history}: no host reached the judging (failed); the failures above say why"
+    )
+    history.write_text("{}")
+    assert (
+        cli.qualify_outcome(history, before, result) == f"this run's verdicts and host failures are kept in {history}"
+    )

@@ -88,7 +88,7 @@ def test_the_terminal_table_strips_what_a_host_could_forge():
     text = console.export_text()
     assert "\x1b" not in text and "\x07" not in text
     assert "node1: ended]0;owned at step 3" in text
-    assert "40/100" in text and "31.5" in text and "0.410 @40" in text
+    assert "step 40 of 100" in text and "s/step 31.5" in text and "val score 0.410 @40" in text
 
 
 def test_html_escapes_and_plots_only_numbers():

@@ -165,9 +165,30 @@ HALF = {"step": 9, "total_steps": 20, "checkpoint_step": 5}
         ({"state": "stopped", "boot": "b1"}, "b1", "inactive", HALF, "stopped", "`start` resumes it"),
         ({"state": "stopped", "boot": "b1"}, "b2", "inactive", HALF, "stopped", "stopped by"),
         (STARTED, "b1", "failed", HALF, "failed", "the run ended (failed) at step 9 of 20; see its log on h1"),
+        # Never step None of None: what the log did not say yet is said in words; the log's path where kept.
+        (
+            {**STARTED, "log": "/h/.p40fleet/train/gsm8k.log"},
+            "b1",
+            "failed",
+            {},
+            "failed",
+            "the run ended (failed) before its first step; see its log /h/.p40fleet/train/gsm8k.log on h1",
+        ),
+        (STARTED, "b1", "failed", {"step": 3, "total_steps": None}, "failed", "at step 3 (no total steps logged)"),
     ],
 )
 def test_states(record, boot, active, progress, state, why):
     said = RULES.train_run_state(record, boot, active, progress, "h1")
     assert said["state"] == state
     assert why in said["why"]
+
+
+def test_a_resumed_run_is_marked_with_the_checkpoint_it_resumed_from():
+    first = "Total training steps: 20\nstep:1 - critic/score/mean:0.100\nstep:2 - critic/score/mean:0.200\n"
+    saved = "local_global_step_folder: /h/ckpt/global_step_2\nstep:3 - critic/score/mean:0.300\n"
+    again = "Total training steps: 20\nstep:3 - critic/score/mean:0.310\nstep:4 - critic/score/mean:0.400\n"
+    progress = RULES.train_run_progress(first + saved + again)
+    assert (progress["resumes"], progress["resumed_from"], progress["step"]) == (1, [2], 4)
+    # The repeated step 3 is the resumed run's.
+    assert progress["history"][2] == [3, 0.31, None]
+    assert RULES.train_run_progress(first)["resumes"] == 0
