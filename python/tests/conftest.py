@@ -46,13 +46,21 @@ def _xdist_group(item) -> str | None:
 UNIT = pytest.StashKey[str]()
 
 
+def reads_site_image_only(item) -> bool:
+    """Whether a test starts from site_image without setting up site_fleet: in site_fleet's unit it goes after the
+    tests that do, so it starts copies of the node1 site_fleet publishes; before them (collection order put
+    test_check_diff.py first) the image was built from a fresh host, a whole converge more."""
+    return "site_image" in item.fixturenames and "site_fleet" not in item.fixturenames
+
+
 def _order_and_group(items) -> None:
     """Whole modules (or shared-fleet groups) as work units, the costliest first (tests/unit_costs.py's measured
     worker-seconds; a unit not measured yet by its kind: FALLBACK_SECONDS). xdist hands a worker the next unit when
     its own is almost done, so longest first (LPT) keeps the two workers busy to the end, where collection order
-    left one waiting on the last fleet; within a unit the order is unchanged, so a module's fixtures are set up
-    once. The first unit's fleet builds the sandbox's base image (debootstrap, under a lock a worker starting another
-    fleet would wait on): the other workers start with the costliest container-free units meanwhile."""
+    left one waiting on the last fleet; within a unit the order is unchanged (a module stays whole, so its fixtures
+    are set up once), but for the modules that only read site_image, which go last (reads_site_image_only). The
+    first unit's fleet builds the sandbox's base image (debootstrap, under a lock a worker starting another fleet
+    would wait on): the other workers start with the costliest container-free units meanwhile."""
     module_of = {item: item.nodeid.split("::")[0] for item in items}
     unit_of = {item: _xdist_group(item) or module_of[item] for item in items}
     # A module with one test using a shared fleet runs wholly with that fleet's group.
@@ -76,7 +84,7 @@ def _order_and_group(items) -> None:
     first_free = [unit for unit in order[1:] if unit not in containers][: workers - 1]
     order = [*order[:1], *first_free, *(unit for unit in order[1:] if unit not in first_free)]
     rank = {unit: index for index, unit in enumerate(order)}
-    items.sort(key=lambda item: rank[unit_of[item]])
+    items.sort(key=lambda item: (rank[unit_of[item]], reads_site_image_only(item)))
     # Every test names its unit: loadgroup sends a test without a group to any worker on its own, which splits a
     # module across workers (each converging the module's fleet, and a test missing what the one before it left).
     for item in items:
@@ -349,7 +357,8 @@ SITE_IMAGE_PROFILE = "p40"
 def site_image() -> str:
     """The image of a P40 host (node1) taken through the whole of site.yml logging in as root: site_fleet's node1,
     kept after its two runs when site_fleet ran first on this worker (a module using this fixture names site_fleet's
-    work unit, xdist_group("site-fleet"), to come after it), else built from a fresh host (the module run alone)."""
+    work unit, xdist_group("site-fleet"), and goes after site_fleet's modules in it), else built from a fresh host
+    (the module run alone)."""
     return images.converged_image(profile=SITE_IMAGE_PROFILE, login="root")
 
 

@@ -8,23 +8,35 @@ import base64
 import shlex
 from pathlib import PurePosixPath
 
-# A TCP connection to HOST:PORT (IPv6 where HOST has a colon) as whoever runs it: `connected`, or `refused ERRNO`
-# (a firewall's reset, nothing listening, or no answer within the time limit).
+# A TCP connection to each HOST PORT pair of its arguments in turn (IPv6 where HOST has a colon), each a socket of
+# its own, as whoever runs it: a line each, `connected`, or `refused ERRNO` (a firewall's reset, nothing listening, or
+# no answer within the time limit). One process for every knock a host makes: a podman exec and a Python start
+# each cost more than the knock itself.
 CONNECT = (
     "import socket, sys\n"
-    "host, port = sys.argv[1], int(sys.argv[2])\n"
-    "info = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]\n"
-    "s = socket.socket(info[0], socket.SOCK_STREAM); s.settimeout(5)\n"
-    "try:\n    s.connect(info[4]); print('connected')\n"
-    "except OSError as e:\n    print('refused', e.errno)"
+    "for host, port in zip(sys.argv[1::2], map(int, sys.argv[2::2])):\n"
+    "    info = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]\n"
+    "    s = socket.socket(info[0], socket.SOCK_STREAM); s.settimeout(5)\n"
+    "    try:\n        s.connect(info[4]); print('connected', flush=True)\n"
+    "    except OSError as e:\n        print('refused', e.errno, flush=True)\n"
+    "    finally:\n        s.close()"
 )
 # 127.0.0.1 as /proc/net/tcp writes it, and ::1 and ::ffff:127.0.0.1 as /proc/net/tcp6 does (four host-order words).
 LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
 
 
+def connect_all(fleet, host, targets, user="root"):
+    """{(address, port): `connected` or `refused`} for each target, knocked on from `host` as `user` in one process."""
+    targets = list(targets)
+    args = " ".join(f"{shlex.quote(address)} {int(port)}" for address, port in targets)
+    done = fleet.exec(host, f"/usr/bin/python3 -I -c {shlex.quote(CONNECT)} {args}", user=user)
+    answers = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+    assert len(answers) == len(targets), (targets, done.stdout, done.stderr)
+    return dict(zip(targets, answers, strict=True))
+
+
 def connect(fleet, host, address, port, user="root"):
-    done = fleet.exec(host, f"/usr/bin/python3 -I -c {shlex.quote(CONNECT)} {shlex.quote(address)} {port}", user=user)
-    return done.stdout.split()[0] if done.stdout.strip() else done.stderr.strip()
+    return connect_all(fleet, host, [(address, port)], user=user)[(address, port)]
 
 
 def listening(fleet, host, uid):

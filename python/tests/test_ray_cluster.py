@@ -29,7 +29,7 @@ from p40fleet.cluster import statuses
 from p40fleet.state import StateDir
 from p40fleet_dev import cpu_venv
 from p40fleet_dev.paths import REPO_ROOT
-from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening, swap_in_trainer
+from tests.ray_ports import LOOPBACK, connect, connect_all, ipv6_addresses, listening, swap_in_trainer
 
 # converge: run alone, the module's image takes a fresh host through the pipeline (minutes). In site_fleet's unit:
 # its node1 is the image.
@@ -297,9 +297,8 @@ def test_another_account_and_a_stranger_cannot_reach_ray(fleet):
         assert {6380, 6381, 52365} <= set(ports), (member, ports)
         addresses = [fleet.host(member).address, *ipv6_addresses(fleet, member)]
         assert len(addresses) > 1, f"{member} has no IPv6 address on eth0 to knock on"
-        for port in ports:
-            for address in addresses:
-                assert connect(fleet, "node4", address, port) == "refused", (member, address, port)
+        knocks = connect_all(fleet, "node4", [(address, port) for port in ports for address in addresses])
+        assert set(knocks.values()) == {"refused"}, (member, knocks)
     # The submit command is the owner's alone.
     refused = fleet.exec("node1", "p40fleet-ray-submit --nodes", user="intruder")
     assert refused.returncode != 0 and "ray-jobs" not in refused.stdout

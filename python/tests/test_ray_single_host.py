@@ -23,7 +23,7 @@ import pytest
 from p40fleet import train
 from p40fleet.state import StateDir
 from p40fleet_dev.paths import REPO_ROOT
-from tests.ray_ports import LOOPBACK, connect, ipv6_addresses, listening, swap_in_trainer
+from tests.ray_ports import LOOPBACK, connect, connect_all, ipv6_addresses, listening, swap_in_trainer
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge, pytest.mark.xdist_group("site-fleet")]
 
@@ -105,9 +105,13 @@ def test_a_lone_run_keeps_its_own_ray_to_root_and_the_owner(fleet):
     assert {address for address, _ in ports} <= LOOPBACK, ports
     v6 = ipv6_addresses(fleet, "node1")
     assert v6, "node1 has no IPv6 address on eth0 to knock on"
-    for port in sorted({port for _, port in ports}):
-        for address in [fleet.host("node1").address, *v6]:
-            assert connect(fleet, "node2", address, port) == "refused", (address, port)
+    targets = [
+        (address, port)
+        for port in sorted({port for _, port in ports})
+        for address in [fleet.host("node1").address, *v6]
+    ]
+    knocks = connect_all(fleet, "node2", targets)
+    assert set(knocks.values()) == {"refused"}, knocks
     # Another local account reaches neither the GCS nor the job API of the dashboard agent; the owner and root do.
     for port in (6390, 52366):
         assert connect(fleet, "node1", "127.0.0.1", port, user=INTRUDER) == "refused", port

@@ -25,6 +25,9 @@ OWNER = "p40fleet"
 STANDIN = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "trainer" / "verl_standin.py"
 STANDIN_ON_HOST = "/usr/local/libexec/p40fleet-standin/verl_standin.py"
 STEPS = 60
+# Read by the stand-in before each step (+standin.step_seconds_file): once every interruption was seen, the rest of
+# each run goes at this pace, not three seconds a step, the wait on the runs' ends being no part of what is proven.
+PACE = "/usr/local/libexec/p40fleet-standin/pace"
 LOG = f"/home/{OWNER}/.p40fleet/train/gsm8k.log"
 CHECKPOINTS = f"/home/{OWNER}/standin-checkpoints"
 HOSTS = ("node1", "node2", "node3")
@@ -43,6 +46,7 @@ def fleet(make_sandbox, tmp_path_factory):
         assert made.returncode == 0, made.stderr
     command = ["/usr/bin/python3", STANDIN_ON_HOST, f"trainer.total_training_steps={STEPS}"]
     command += ["trainer.save_freq=4", "trainer.test_freq=4", "+standin.step_seconds=3"]
+    command += [f"+standin.step_seconds_file={PACE}"]
     (fleet.inventory_dir / "group_vars" / "all.yml").write_text(json.dumps({"train_run_command": command}) + "\n")
     host_vars = fleet.inventory_dir / "host_vars"
     host_vars.mkdir(exist_ok=True)
@@ -131,7 +135,13 @@ def test_a_reboot_under_a_run_is_reported_then_resumed(fleet):
 
 
 def test_every_run_is_followed_to_its_end_in_status_and_the_report(fleet, tmp_path):
-    wait_until(lambda: all(step_of(fleet, h) >= STEPS for h in HOSTS), timeout=480)
+    try:
+        for host in HOSTS:
+            fleet.exec(host, f"echo 0.05 > {PACE}")
+        wait_until(lambda: all(step_of(fleet, h) >= STEPS for h in HOSTS), timeout=480)
+    finally:
+        for host in HOSTS:  # the cluster run below goes at the command's own pace
+            fleet.exec(host, f"rm -f {PACE}")
     wait_until(lambda: all(r["state"] == "finished" for r in fleet.train("status").runs), timeout=60)
     runs = by_host(fleet.train("status"))
     for host in HOSTS:

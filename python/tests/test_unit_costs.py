@@ -48,11 +48,11 @@ def test_measure_sums_each_unit_s_phases(lines, expected):
 class Item:
     """What conftest's ordering reads of a collected test."""
 
-    def __init__(self, nodeid: str, kind: str = "unit", group: str | None = None) -> None:
+    def __init__(self, nodeid: str, kind: str = "unit", group: str | None = None, fixtures: tuple = ()) -> None:
         self.nodeid = nodeid
         self.path = REPO_ROOT / nodeid.split("::")[0]
         self.keywords = {"sandbox": True, "converge": True} if kind == "converge" else {kind: True}
-        self.fixturenames = ["site_fleet"] if group == "site-fleet" else []
+        self.fixturenames = ["site_fleet"] if group == "site-fleet" else list(fixtures)
         self.markers = []
         self.stash = {}
 
@@ -114,6 +114,31 @@ def test_the_second_worker_starts_with_the_costliest_container_free_unit(monkeyp
         "python/tests/test_new_fleet.py",
         "python/tests/test_fast_local.py",
     ]
+
+
+def test_site_fleet_s_modules_come_before_those_that_start_from_its_image(monkeypatch):
+    """The image modules name the group themselves; collection order puts test_check_diff.py first, where it would
+    build the image from a fresh host before site_fleet publishes its node1."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
+    image = ("site_image",)
+    items = [
+        Item("python/tests/test_check_diff.py::test_a", "converge", fixtures=image),
+        Item("python/tests/test_check_diff.py::test_b", "converge", fixtures=image),
+        Item("python/tests/test_checklist.py::test_a", "converge", group="site-fleet"),
+        Item("python/tests/test_ray_cluster.py::test_a", "converge", fixtures=image),
+        Item("python/tests/test_torch_lock.py::test_a", "converge", group="site-fleet"),
+    ]
+    for item in items:  # as the image modules' pytestmark names it
+        item.markers = [pytest.mark.xdist_group("site-fleet").mark]
+    conftest._order_and_group(items)
+    assert [item.nodeid.split("/")[-1] for item in items] == [
+        "test_checklist.py::test_a",
+        "test_torch_lock.py::test_a",
+        "test_check_diff.py::test_a",
+        "test_check_diff.py::test_b",
+        "test_ray_cluster.py::test_a",
+    ]
+    assert units_in_order(items) == ["site-fleet"]
 
 
 @pytest.mark.parametrize("unit", sorted(unit_costs.REVIEWED))
