@@ -16,12 +16,11 @@ import sys
 
 import pytest
 
+from p40fleet_dev import standins
 from p40fleet_dev.paths import REPO_ROOT
-from p40fleet_dev.sandbox import Sandbox
+from p40fleet_dev.sandbox import Sandbox, SandboxError
 from tests import sandbox_removal
 from tests.workers import sandbox_name
-
-pytestmark = [pytest.mark.sandbox]
 
 DOC = REPO_ROOT / "docs/sandbox.md"
 DOC_NAME = "try"
@@ -62,6 +61,16 @@ def test_the_recipe_is_every_step_the_test_checks():
     assert [next(k for k in PROMISED if c.startswith(k + " ")) for c in commands] == list(PROMISED)
 
 
+def test_the_stand_ins_need_the_service_manager_and_a_recorded_card():
+    """Refused before anything starts (no container): stand-ins without the service manager, an unknown card."""
+    with pytest.raises(SandboxError, match="need the stand-in service manager"):
+        Sandbox("pytest-never-started").up(["p40"], standins=True)
+    with pytest.raises(ValueError, match="no recorded card 'p40-nothing'; recorded: p40-ecc-errors, "):
+        standins.give_card(None, "node1", "p40-nothing")
+    assert standins.DEFAULT_CARD in standins.card_names()
+
+
+@pytest.mark.sandbox
 def test_the_recipe_for_qualify_and_train_runs_as_written(tmp_path):
     name = sandbox_name("docs")
     sandbox_removal.session.claim(name)
