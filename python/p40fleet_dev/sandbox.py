@@ -850,6 +850,8 @@ class Sandbox:
             by_name[name] = self._start_host(
                 self.copy_image, name, old.profile, old.login, old.os, mirror, old.tmpfs, old.services, old.volumes
             )
+            # The copy's disk is the source's: its stand-ins too, where the sandbox has them.
+            by_name[name].standins = old.standins
         hosts = [by_name[h.name] for h in hosts]
         self._save_hosts(hosts)
         self._write_known_hosts(hosts)
