@@ -16,6 +16,7 @@ from p40fleet.api import EXIT_ERROR, EXIT_NOT_IDEMPOTENT, EXIT_OK
 from p40fleet.cli import BECOME_PASSWORD_HELP, _provision, console
 from p40fleet.lock import RunLocked
 from p40fleet.run import RunError
+from p40fleet_dev import standins
 from p40fleet_dev.fixtures import FixtureError, fetch_upstream
 from p40fleet_dev.sandbox import (
     DEFAULT_LOGIN,
@@ -35,6 +36,17 @@ LOGIN_HELP = (
 )
 
 
+# What `sandbox up --services` says it installed: stand-ins, each named as one (p40fleet_dev/standins.py).
+STANDINS_NOTE = (
+    "Stand-ins on every host (test fixtures, not the real programs; docs/sandbox.md):\n"
+    "  systemctl    a stand-in service manager for train's units (python/tests/fixtures/standins/host/systemd/)\n"
+    "  trainer      a stand-in for verl's trainer, no GPU (train_run_command; .../standins/trainer/verl_standin.py)\n"
+    "  qualify      a stand-in nvidia-smi answering as recorded card {card} (.../standins/gpu_qualify/),\n"
+    "               a load that only sleeps (gpu_qualify_load_command)\n"
+    "  env owner    the account {owner}, made as conda_env makes it"
+)
+
+
 def _profiles(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -47,8 +59,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         else:
             profiles = [DEMO_PROFILES[i % len(DEMO_PROFILES)] for i in range(args.hosts)]
         console.print(f"Starting sandbox [bold]{args.name}[/] with {len(profiles)} host(s): {', '.join(profiles)}")
-        for host in sandbox.up(profiles, login=args.login, os_name=args.os):
+        hosts = sandbox.up(profiles, login=args.login, os_name=args.os, services=args.services, standins=args.services)
+        for host in hosts:
             console.print(f"  {host.name:8} {host.address:15} {host.profile}")
+        if args.services:
+            console.out(STANDINS_NOTE.format(owner=standins.DEFAULT_OWNER, card=standins.DEFAULT_CARD), highlight=False)
         if args.login == "sudo-password":
             console.print(f"sudo password of ops (for --become-password-file): {sandbox.become_password_file}")
         print(sandbox.inventory_dir)
@@ -66,6 +81,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     elif args.sandbox_command == "set-profile":
         sandbox.set_profile(args.host, args.profile)
         console.print(f"{args.host}: GPU profile now {args.profile}")
+    elif args.sandbox_command == "qualify-card":
+        if not sandbox.host(args.host).standins:
+            raise SandboxError(f"sandbox {args.name} was started without --services: {args.host} has no stand-in card")
+        standins.give_card(sandbox, args.host, args.card, own_serial=True)
+        console.print(f"{args.host}: the qualification's stand-in nvidia-smi now answers as card {args.card}")
     elif args.sandbox_command == "profiles":
         for name, spec in gpu_profiles().items():
             gpus = ", ".join(g["name"] for g in spec["gpus"]) or "no GPU"
@@ -135,12 +155,21 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--profiles", help="comma-separated GPU profiles, one host each (see `profiles`)")
     up.add_argument("--login", choices=LOGIN_MODES, default=DEFAULT_LOGIN, help=LOGIN_HELP)
     up.add_argument("--os", choices=sorted(OS_RELEASES), default=DEFAULT_OS, help="the hosts' release")
+    up.add_argument(
+        "--services",
+        action="store_true",
+        help="stand-ins for systemctl, verl's trainer and the qualification's nvidia-smi, and the env owner, so that"
+        " `p40fleet train` and `p40fleet qualify` run on the sandbox (docs/sandbox.md)",
+    )
     ssub.add_parser("down", parents=[named])
     ssub.add_parser("status", parents=[named])
     ssub.add_parser("profiles", parents=[named])
     setp = ssub.add_parser("set-profile", parents=[named])
     setp.add_argument("host")
     setp.add_argument("profile")
+    card = ssub.add_parser("qualify-card", parents=[named], help="with --services: the recorded card a host qualifies")
+    card.add_argument("host")
+    card.add_argument("card", choices=standins.card_names())
     sandbox.set_defaults(func=cmd_sandbox)
 
     fixtures = sub.add_parser("fixtures", help="fetch the real upstream files the tests use (PyPI)")

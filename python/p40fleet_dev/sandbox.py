@@ -38,6 +38,7 @@ import yaml
 
 from p40fleet.paths import ROLES_DIR
 from p40fleet_dev import fixtures
+from p40fleet_dev import standins as standins_mod
 from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, SANDBOX_DIR, STANDINS_DIR
 
 IMAGE_NAME = "localhost/p40fleet-sandbox"
@@ -436,6 +437,8 @@ class Host:
     tmpfs: dict[str, str] = field(default_factory=dict)
     # Whether the stand-in service manager runs on the host (Sandbox.up(services=True)).
     services: bool = False
+    # Whether the operator's stand-ins are on the host (Sandbox.up(standins=True): `sandbox up --services`).
+    standins: bool = False
     # The podman image the host started from where it is not the bare sandbox image (Sandbox.up(image=...)).
     image: str = ""
     # The controller's directories the host sees, read-only ({controller path: host path}; Sandbox.up(volumes=...)).
@@ -494,6 +497,7 @@ class Sandbox:
         services: bool = False,
         image: str = "",
         volumes: Mapping[str, str] | None = None,
+        standins: bool = False,
     ) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
         profiles, login, OS and mounts is kept as it is, any other is replaced. `login` is how Ansible logs
@@ -505,7 +509,11 @@ class Sandbox:
         converged host's disk (p40fleet_dev.images.converged_image, built for the same OS; the login is set up as
         each host starts) instead of a bare one. `volumes` shows every host directories of the controller, read-only,
         {controller path: host path}: what a test needs on the hosts that is too large to copy (the CPU venv's
-        torch)."""
+        torch). `standins` (with `services`) puts the stand-ins of p40fleet_dev.standins on every host and points
+        train_run and gpu_qualify at them in the inventory, so `p40fleet train` and `p40fleet qualify` run as
+        written (`sandbox up --services`, docs/sandbox.md)."""
+        if standins and not services:
+            raise SandboxError("the training and qualification stand-ins need the stand-in service manager (services)")
         if login not in LOGIN_MODES:
             raise SandboxError(f"unknown login mode {login!r}; known: {', '.join(LOGIN_MODES)}")
         if os_name not in OS_RELEASES:
@@ -532,11 +540,11 @@ class Sandbox:
                 raise SandboxError(f"volume {source}:{target}: use absolute paths without ':'")
         current = self.hosts()
         wanted = [
-            (p, login, os_name, tmpfs.get(n, {}), services, image, volumes)
+            (p, login, os_name, tmpfs.get(n, {}), services, image, volumes, standins)
             for p, n in zip(profiles, names, strict=True)
         ]
         if [
-            (h.profile, h.login, h.os, h.tmpfs, h.services, h.image, h.volumes) for h in current
+            (h.profile, h.login, h.os, h.tmpfs, h.services, h.image, h.volumes, h.standins) for h in current
         ] == wanted and self._running(current):
             return current
         self.down()
@@ -577,10 +585,19 @@ class Sandbox:
             raise
         for host in hosts:
             host.image = image
+            host.standins = standins
         self._save_hosts(hosts)
+        if standins:
+            try:
+                for host in hosts:
+                    standins_mod.install_operator_standins(self, host.name)
+            except BaseException:
+                self.down()
+                raise
         self._write_known_hosts(hosts)
         # Where the stand-ins lie on the controller: the hash locks made with them are read from there.
-        self._write_inventory(hosts, {**artifacts.group_vars, "p40fleet_sandbox_mirror_dir": str(artifacts.mirror_dir)})
+        standin_vars = {**artifacts.group_vars, "p40fleet_sandbox_mirror_dir": str(artifacts.mirror_dir)}
+        self._write_inventory(hosts, {**standin_vars, **(standins_mod.OPERATOR_VARS if standins else {})})
         for host in hosts:
             _wait_for_port(host.address, 22)
         return hosts
@@ -833,6 +850,8 @@ class Sandbox:
             by_name[name] = self._start_host(
                 self.copy_image, name, old.profile, old.login, old.os, mirror, old.tmpfs, old.services, old.volumes
             )
+            # The copy's disk is the source's: its stand-ins too, where the sandbox has them.
+            by_name[name].standins = old.standins
         hosts = [by_name[h.name] for h in hosts]
         self._save_hosts(hosts)
         self._write_known_hosts(hosts)
@@ -858,6 +877,13 @@ class Sandbox:
         self._write_known_hosts(hosts)
         self._write_hosts_file(hosts)
         return entry
+
+    def put_file(self, host: str, path: str, data: bytes, mode: str) -> None:
+        """Write a root-owned file on a host, as root, its directories made root's 0755 where missing: a stand-in
+        of a root-owned program or record (p40fleet_dev.standins)."""
+        quoted = shlex.quote(path)
+        command = f"install -d -m 0755 {shlex.quote(path.rsplit('/', 1)[0])} && cat > {quoted} && chmod {mode} {quoted}"
+        podman("exec", "-i", self.host(host).container, "sh", "-c", command, input_bytes=data)
 
     def exec(self, host: str, command: str, user: str = "root") -> subprocess.CompletedProcess:
         """Run a shell command inside a host, bypassing Ansible: for asserting real state."""

@@ -1,31 +1,23 @@
 """playbooks/qualify.yml end to end on sandbox hosts, one stand-in card per host, over real SSH and sudo.
 
 Each host's root nvidia-smi is python/tests/fixtures/standins/gpu_qualify/nvidia-smi answering from one recorded card
-(the YAML stand-ins beside it); the kernel log is that card's recorded one; the load is a stand-in (it sleeps, as
-the env owner, and prints a false "all cards passed" that nothing may read: the verdicts are root's samples'). Two
-runs: the second finds the retiring card's retired pages grown and names it getting worse, from the history the
-controller kept.
+(the YAML stand-ins beside it), put there as `sandbox up --services` puts it (python/p40fleet_dev/standins.py); the
+kernel log is that card's recorded one; the load is a stand-in (it sleeps, as the env owner, and prints a false "all
+cards passed" that nothing may read: the verdicts are root's samples'). Two runs: the second finds the retiring
+card's retired pages grown and names it getting worse, from the history the controller kept.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
 import yaml
 
-from p40fleet_dev.paths import REPO_ROOT
-from p40fleet_dev.sandbox import podman
-from tests.source_modules import load_module
+from p40fleet_dev.standins import KERNEL_LOG, QUALIFY_SMI, give_card, install_qualify
 
 pytestmark = pytest.mark.sandbox
 
-STANDINS = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "gpu_qualify"
-RULES = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_qualify.py", "gpu_qualify_rules")
-SMI = "/usr/local/lib/p40fleet-sandbox/nvidia-smi"
-SCENARIO = "/etc/p40fleet-sandbox/qualify.json"
-KERNEL_LOG = "/etc/p40fleet-sandbox/kernel.log"
 # The load's stand-in: the env owner's process, for the role's seconds; what it prints is a lie nothing may read.
 LOAD = "import sys, time; print('gpu_qualify: every card passed'); time.sleep(float(sys.argv[-1]))"
 FLEET = {
@@ -47,43 +39,21 @@ EXPECTED = {
     "node6": ("warn", "PCIe link x8 under load, the card's maximum x16"),
     "node7": ("warn", "reached 84 °C under load (gpu_qualify_max_temperature_c: 83 °C, slowdown at 92 °C)"),
 }
-# One card per host: nvidia-smi topo's one-row matrices, as a single-GPU host's driver answers them.
-SINGLE = "\tGPU0\n GPU0\tX\n\nLegend:\n\n  X    = Self\n"
 RETIRED_BEFORE = ("Single Bit ECC                    : 6", "Single Bit ECC                    : 2")
-
-
-def put(fleet, host: str, path: str, text: str, mode: str) -> None:
-    """A root-owned file on a host, written by root (the stand-ins are root's, as the real nvidia-smi is)."""
-    container = fleet.host(host).container
-    command = f"install -d -m 0755 {shlex.quote(path.rsplit('/', 1)[0])} && cat > {path} && chmod {mode} {path}"
-    podman("exec", "-i", container, "sh", "-c", command, input_bytes=text.encode())
-
-
-def give_card(fleet, host: str, name: str, edit: tuple[str, str] | None = None) -> dict:
-    case = yaml.safe_load((STANDINS / f"{name}.yml").read_text())
-    if edit:
-        assert edit[0] in case["smi_q"]
-        case["smi_q"] = case["smi_q"].replace(*edit)
-    scenario = {**case, "samples_fields": RULES.sample_fields(case["reasons_prefix"]), "cards": 1}
-    scenario.update(topo_m=SINGLE, topo_p2p_r=SINGLE)
-    put(fleet, host, SCENARIO, json.dumps(scenario), "0644")
-    put(fleet, host, KERNEL_LOG, case["kernel_log"], "0600")
-    return case
 
 
 @pytest.fixture(scope="module")
 def fleet(make_sandbox):
     fleet = make_sandbox("gpu-qualify", ["p40"] * len(FLEET))
-    standin = (STANDINS / "nvidia-smi").read_text()
     for host, name in FLEET.items():
-        put(fleet, host, SMI, standin, "0755")
+        install_qualify(fleet, host)
         give_card(fleet, host, name, RETIRED_BEFORE if name == "p40-retiring" else None)
         assert fleet.exec(host, "id p40fleet || useradd --create-home p40fleet").returncode == 0
     (fleet.inventory_dir / "group_vars" / "all.yml").write_text(
         "---\n# The qualification's stand-ins (python/tests/test_gpu_qualify.py).\n"
         + yaml.safe_dump(
             {
-                "gpu_qualify_nvidia_smi": SMI,
+                "gpu_qualify_nvidia_smi": QUALIFY_SMI,
                 "gpu_qualify_kernel_log_command": ["/bin/cat", KERNEL_LOG],
                 "gpu_qualify_load_command": ["/usr/bin/python3", "-I", "-c", LOAD],
                 "gpu_qualify_seconds": 2,

@@ -8,7 +8,6 @@ in `status` and in the report (JSON and HTML). Fresh hosts: the env owner is mad
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import time
@@ -17,13 +16,11 @@ import pytest
 
 from p40fleet import cli, train
 from p40fleet.state import StateDir
-from p40fleet_dev.paths import REPO_ROOT
+from p40fleet_dev.standins import TRAINER_ON_HOST, install_trainer
 
 pytestmark = [pytest.mark.sandbox]
 
 OWNER = "p40fleet"
-STANDIN = REPO_ROOT / "python" / "tests" / "fixtures" / "standins" / "trainer" / "verl_standin.py"
-STANDIN_ON_HOST = "/usr/local/libexec/p40fleet-standin/verl_standin.py"
 STEPS = 60
 # Read by the stand-in before each step (+standin.step_seconds_file): once every interruption was seen, the rest of
 # each run goes at this pace, not three seconds a step, the wait on the runs' ends being no part of what is proven.
@@ -36,15 +33,12 @@ HOSTS = ("node1", "node2", "node3")
 @pytest.fixture(scope="module")
 def fleet(make_sandbox, tmp_path_factory):
     fleet = make_sandbox("train", ["p40", "p40", "p40"], services=True)
-    encoded = base64.b64encode(STANDIN.read_bytes()).decode()
     for host in HOSTS:
-        made = fleet.exec(
-            host,
-            f"useradd -m -s /bin/bash {OWNER} && install -d -o root -g root -m 0755 {STANDIN_ON_HOST.rsplit('/', 1)[0]}"
-            f" && echo {encoded} | base64 -d > {STANDIN_ON_HOST} && chmod 0755 {STANDIN_ON_HOST}",
-        )
+        made = fleet.exec(host, f"useradd -m -s /bin/bash {OWNER}")
         assert made.returncode == 0, made.stderr
-    command = ["/usr/bin/python3", STANDIN_ON_HOST, f"trainer.total_training_steps={STEPS}"]
+        # As `sandbox up --services` puts it there: root's, under a root-owned directory.
+        install_trainer(fleet, host)
+    command = ["/usr/bin/python3", TRAINER_ON_HOST, f"trainer.total_training_steps={STEPS}"]
     command += ["trainer.save_freq=4", "trainer.test_freq=4", "+standin.step_seconds=3"]
     command += [f"+standin.step_seconds_file={PACE}"]
     (fleet.inventory_dir / "group_vars" / "all.yml").write_text(json.dumps({"train_run_command": command}) + "\n")
