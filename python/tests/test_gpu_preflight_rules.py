@@ -8,6 +8,8 @@ so every GPU, driver, kernel module, OS and disk situation is paired with its ex
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import sys
 import textwrap
@@ -835,3 +837,38 @@ def test_an_installed_kernel_without_an_nvidia_module_is_named_in_a_warning():
     cpu_only["kernels"] = found["kernels"][1:]
     result = ASSESS(cpu_only, settings("host", {"gpu_preflight_no_gpu_compute_cap": "6.1"}))
     assert result["errors"] == [] and not [w for w in result["warnings"] if "kernel" in w]
+
+
+SAVED_FACTS = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_preflight.py", "gpu_preflight_filter")
+SAVED_PROFILE = {"name": "p40", "driver_max_branch": 580, "gpu_count": 1}
+
+
+def b64json(value) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("saved", "facts"),
+    [
+        # What record.yml writes: the facts a run that found the host unchanged publishes.
+        (
+            b64json({"schema": 1, "driver_version": "580.95.05", "has_gpu": True, "profile": SAVED_PROFILE}),
+            {
+                "gpu_preflight_profile": SAVED_PROFILE,
+                "gpu_preflight_has_gpu": True,
+                "gpu_preflight_driver_version": "580.95.05",
+            },
+        ),
+        # No saved state (a host preflight never passed), or not one preflight wrote: nothing is published.
+        ("", {}),
+        (None, {}),
+        ("not base64!", {}),
+        (base64.b64encode(b"{torn").decode(), {}),
+        (b64json([1, 2]), {}),
+        (b64json({"driver_version": "580.95.05", "has_gpu": "yes", "profile": SAVED_PROFILE}), {}),
+        (b64json({"driver_version": "580.95.05", "has_gpu": True, "profile": "p40"}), {}),
+        (b64json({"has_gpu": False, "profile": {}}), {}),
+    ],
+)
+def test_the_saved_state_publishes_the_facts_a_refresh_templates_inputs_with(saved, facts):
+    assert SAVED_FACTS.gpu_preflight_saved_facts(saved) == facts
