@@ -234,3 +234,19 @@ def test_qualify_refuses_a_host_without_the_owners_account(tmp_path, capsys):
     out = " ".join(out.split())
     assert 'node1: qualify stopped at "Refuse a host without the env owner\'s account"' in out, out
     assert f"the env owner '{owner}' (p40fleet_env_owner), who runs the qualification's load, has no account" in out
+
+
+def test_train_refuses_a_role_copy_of_the_owner_before_contact(tmp_path, capsys):
+    # `train start` used to start the runs as p40fleet (train_run_owner's fallback) on an env made for trainer.
+    inventory = tmp_path / "hosts.yml"
+    # Port 9 (discard) on loopback: a run that contacted the host would end unreachable (exit 3), not refused.
+    host = {"ansible_host": "127.0.0.1", "ansible_port": 9, "conda_env_owner": "trainer"}
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"p40-hosts": {"hosts": {"node1": host}}}}}))
+    code = cli.main(["train", "start", "-i", str(inventory), "--state-dir", str(tmp_path / "state")])
+    captured = capsys.readouterr()
+    out = " ".join((captured.out + captured.err).split())
+    assert code == cli.EXIT_BAD_INPUT, out
+    assert (
+        "p40fleet train: host node1: conda_env_owner is 'trainer' but p40fleet_env_owner is 'p40fleet': "
+        "set p40fleet_env_owner: 'trainer' instead"
+    ) in out, out
