@@ -14,6 +14,10 @@ their output is the owner's to write): only its `conda=` and `env_python=` lines
 conda and Python print (otherwise '': does not run, as a broken install reads). No other key comes from it, so it
 can never stand in for what root's probe found (the installer's marker, the .condarc, the env's owner).
 
+`found | conda_env_owner_refusal(owner, prefix, host)` is why a host provisioned for another env owner is refused
+('' where it is not): the prefix or the env belongs to another account than the configured one. Decided from root's
+probe alone, before the install step makes any account, so a refused owner change leaves nothing behind.
+
 `miniconda_version | conda_env_installer_python` returns the Python a Miniconda release's installer carries
 (py310_23.3.1-0 -> 3.10), or '' for a name that does not say: the env is cloned from that Python.
 """
@@ -34,6 +38,19 @@ def conda_env_plan(found, settings):
         or found["env_owner"] != settings["owner"]
     )
     return {"install_miniconda": install_miniconda, "create_env": create_env, "install_needed": install_needed}
+
+
+def conda_env_owner_refusal(found, owner, prefix, host="this host"):
+    # root's own prefix (made by hand, empty) is not another owner's: the install step makes it the owner's.
+    others = sorted({found.get(key) or "" for key in ("prefix_owner", "env_owner")} - {"", "root", owner})
+    if not others:
+        return ""
+    return (
+        f"{host}: {prefix} was provisioned for the env owner '{others[0]}', but the env owner is now '{owner}' "
+        "(p40fleet_env_owner). A provisioned host does not change owners: nothing was changed and no account was "
+        f"made. Do: set p40fleet_env_owner back to '{others[0]}', or remove {prefix} (and what '{others[0]}' keeps "
+        f"in its home) to provision the host anew for '{owner}'."
+    )
 
 
 OWNER_FIELDS = {"conda": re.compile(r"conda [0-9][0-9A-Za-z.+-]{0,31}"), "env_python": re.compile(r"3\.[0-9]{1,2}")}
@@ -61,4 +78,5 @@ class FilterModule:
             "conda_env_plan": conda_env_plan,
             "conda_env_owner_found": conda_env_owner_found,
             "conda_env_installer_python": conda_env_installer_python,
+            "conda_env_owner_refusal": conda_env_owner_refusal,
         }

@@ -3,9 +3,15 @@
 `found | gpu_preflight_assess(settings)` returns the findings (errors, warnings) and, for a host
 that passes, the GPU profile and the facts the role publishes. plugins/action/gpu_preflight_probe.py calls it
 on the probe's report, in the same task that probes the host.
+`saved_b64 | gpu_preflight_saved_facts` reads the saved state back (slurp's base64; '' where there is none) into
+the facts the later stages' inputs derive from, for a play that reads state without probing (playbooks/state.yml):
+the same values a run that found the host unchanged publishes, so a refresh compares the same inputs.
 Every message names what was found, what is required and what to do.
 """
 
+import base64
+import binascii
+import json
 import re
 
 STRICT_HINT = "or set gpu_preflight_strict: false to proceed with a warning"
@@ -460,6 +466,27 @@ def gpu_preflight_assess(found, settings):
     return {"errors": errors, "warnings": warnings, "facts": facts}
 
 
+def gpu_preflight_saved_facts(saved_b64):
+    """The published facts a saved state holds (profile, has_gpu, driver_version), or {} where the state is
+    missing or not one preflight wrote: the stages' inputs then fall back to their defaults, as on a fresh host."""
+    try:
+        content = json.loads(base64.b64decode(str(saved_b64 or ""), validate=True) or b"null")
+    except (binascii.Error, ValueError):
+        return {}
+    if not (
+        isinstance(content, dict)
+        and isinstance(content.get("profile"), dict)
+        and isinstance(content.get("has_gpu"), bool)
+        and isinstance(content.get("driver_version"), str)
+    ):
+        return {}
+    return {
+        "gpu_preflight_profile": content["profile"],
+        "gpu_preflight_has_gpu": content["has_gpu"],
+        "gpu_preflight_driver_version": content["driver_version"],
+    }
+
+
 class FilterModule:
     def filters(self):
-        return {"gpu_preflight_assess": gpu_preflight_assess}
+        return {"gpu_preflight_assess": gpu_preflight_assess, "gpu_preflight_saved_facts": gpu_preflight_saved_facts}

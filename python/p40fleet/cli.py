@@ -310,6 +310,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not inventory.exists():
         console.out(f"p40fleet: inventory {inventory} not found")
         return EXIT_ERROR
+    problems = train.refusals(inventory, args.limit)
+    if problems:
+        for problem in problems:
+            console.out(f"p40fleet train: {problem}", highlight=False)
+        return EXIT_BAD_INPUT
     extra = {"train_run_name": args.name} if args.name else {}
     if args.cluster:
         extra["train_run_cluster"] = args.cluster

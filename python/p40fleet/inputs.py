@@ -567,6 +567,47 @@ def validate_variables(
     return problems
 
 
+# The settings every role, playbook and command shares, by their one name (roles/p40fleet_defaults), and the role
+# copies an operator used to set instead: such a copy moved one role only (qualify and train kept the default).
+SHARED_SETTINGS = {
+    "conda_env_owner": "p40fleet_env_owner",
+    "conda_env_install_prefix": "p40fleet_conda_prefix",
+    "launch_script_work_dir": "p40fleet_work_dir",
+}
+SHARED_DEFAULTS_FILE = ROLES_DIR / "p40fleet_defaults" / "defaults" / "main.yml"
+
+
+@functools.cache
+def shared_defaults() -> dict:
+    return yaml.safe_load(SHARED_DEFAULTS_FILE.read_text(encoding="utf-8"))
+
+
+def resolve_shared(given: Mapping) -> tuple[dict, list[str]]:
+    """The shared settings one host resolves (its inventory variables with -e on top, `given`), and why a role copy
+    that says otherwise is refused: the shared name is the one every role and command reads, so a copy that
+    differs would split the fleet (the env made for one owner, qualify and train run as another)."""
+    defaults = shared_defaults()
+    resolved = {new: given.get(new, defaults[new]) for new in SHARED_SETTINGS.values()}
+    problems = []
+    for old, new in SHARED_SETTINGS.items():
+        if old in given and _is_literal(given[old]) and _is_literal(resolved[new]) and given[old] != resolved[new]:
+            problems.append(
+                f"{old} is {_shown(given[old])} but {new} is {_shown(resolved[new])}: set {new}: "
+                f"{_shown(given[old])} instead ({new} is the one name every role, playbook and p40fleet command "
+                f"reads; {old} follows it)"
+            )
+    return resolved, problems
+
+
+def shared_setting_problems(inventory: Inventory, hosts: Iterable[str], extra: Mapping) -> list[str]:
+    """resolve_shared's refusals for every host, hosts with the same refusal in one message."""
+    refused: dict[str, list[str]] = {}
+    for host in sorted(hosts):
+        for problem in resolve_shared({**inventory.hostvars.get(host, {}), **extra})[1]:
+            refused.setdefault(problem, []).append(host)
+    return [f"{_hosts_text(names)}: {problem}" for problem, names in refused.items()]
+
+
 @dataclass
 class CheckedInputs:
     inventory: Inventory | None
@@ -611,6 +652,7 @@ def check_inputs(
     inventory_or_none = inventory or Inventory(inventory_path, [], {}, {})
     specs = role_variable_specs(cache_dir=cache_dir)
     problems += validate_variables(inventory_or_none, hosts, given, specs, verdicts=verdicts, known=kept)
+    problems += shared_setting_problems(inventory_or_none, hosts, given)
     if verdicts_file is not None and verdicts != kept:
         # This run's verdicts only, so the file never outgrows one inventory's values.
         _write_private_json(verdicts_file, verdicts)

@@ -133,9 +133,19 @@ def _build(tag: str, profile: str, login: str, os_name: str, tags: str | None, e
         sandbox.down()
 
 
+def stale_images(listed: list[str], tag: str, variant: str) -> list[str]:
+    """The variant's images of other keys among `listed`. A key is one hex word: another variant whose name starts
+    with this one's (the same host with extra vars: `...-all-3c5b6fde`) is not this variant's, and not stale."""
+    prefix = f"{IMAGE_NAME}:{PODMAN_PREFIX}-{variant}-"
+    return [
+        name
+        for name in listed
+        if name.startswith(prefix) and name != tag and re.fullmatch(r"[0-9a-f]+", name[len(prefix) :])
+    ]
+
+
 def _remove_older(tag: str, variant: str) -> None:
     listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_NAME, check=False).stdout.decode()
-    prefix = f"{IMAGE_NAME}:{PODMAN_PREFIX}-{variant}-"
-    stale = [name for name in listed.split() if name.startswith(prefix) and name != tag]
+    stale = stale_images(listed.split(), tag, variant)
     if stale:
         podman("image", "rm", "-f", *stale, check=False)

@@ -113,7 +113,7 @@ def render(hosts: dict[str, dict], work: Path, idempotent: bool = False) -> tupl
             "ansible_python_interpreter": sys.executable,
             # The role's tasks become the env owner; here the owner is whoever renders.
             "ansible_become": False,
-            "conda_env_owner": me,
+            "p40fleet_env_owner": me,
             **INPUTS,
             "gpu_preflight_profile": spec.pop("profile"),
             "launch_script_path": str(work / name / "train_gsm8k_ppo.sh"),
@@ -162,7 +162,7 @@ def render_ray_submit(work: Path, plan: dict, owner: str, cmdline: tuple[str, ..
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
-        "conda_env_owner": owner,
+        "p40fleet_env_owner": owner,
         **INPUTS,
         "gpu_preflight_profile": preflight_profile("Tesla P40", "6.1", 24576, 1),
         "gpu_preflight_cpu_count": 8,

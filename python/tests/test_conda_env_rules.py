@@ -113,3 +113,40 @@ def test_the_owner_cannot_stand_in_for_roots_findings():
 def test_the_installers_python_is_read_from_its_release_name(miniconda_version, python):
     """The env is cloned from the installer's own Python: conda_env refuses an env Python the installer lacks."""
     assert FILTERS.conda_env_installer_python(miniconda_version) == python
+
+
+REFUSAL = FILTERS.conda_env_owner_refusal
+
+
+@pytest.mark.parametrize(
+    ("found", "refused_for"),
+    [
+        ({**CONVERGED, "prefix_owner": "p40fleet"}, None),
+        (FRESH, None),
+        # A prefix made by hand (root's, empty) or one with no env yet is not another owner's.
+        ({**FRESH, "prefix_owner": "root"}, None),
+        ({**CONVERGED, "prefix_owner": "root", "env_owner": "root"}, None),
+        # Provisioned for p40fleet, now asked for trainer: refused, naming the owner it was made for.
+        ({**CONVERGED, "prefix_owner": "p40fleet"}, "trainer"),
+        ({**FRESH, "prefix_owner": "p40fleet"}, "trainer"),
+        ({**CONVERGED, "prefix_owner": "root"}, "trainer"),
+    ],
+)
+def test_a_host_provisioned_for_another_owner_is_refused_before_any_account(found, refused_for):
+    owner = refused_for or "p40fleet"
+    message = REFUSAL(found, owner, "/opt/miniconda3", "node1")
+    if refused_for is None:
+        assert message == ""
+        return
+    assert message.startswith("node1: /opt/miniconda3 was provisioned for the env owner 'p40fleet', but the env ")
+    assert f"owner is now '{owner}' (p40fleet_env_owner)" in message
+    assert "no account was made" in message and "set p40fleet_env_owner back to 'p40fleet'" in message
+
+
+def test_the_refusal_comes_before_the_owners_account_is_made():
+    probe = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "probe.yml").read_text()
+    main = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "main.yml").read_text()
+    assert "conda_env_owner_refusal(conda_env_owner, conda_env_install_prefix" in probe
+    assert 'echo "prefix_owner=$(stat -c %U' in probe
+    # probe.yml (the refusal) is included before install.yml (ansible.builtin.user).
+    assert main.index("probe.yml") < main.index("install.yml")

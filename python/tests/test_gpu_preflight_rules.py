@@ -8,6 +8,8 @@ so every GPU, driver, kernel module, OS and disk situation is paired with its ex
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import sys
 import textwrap
@@ -232,7 +234,7 @@ SCRATCH_PATHS = {
     "cuda_toolkit_download_dir": "/scratch/downloads",
     "cudnn_download_dir": "/scratch/downloads",
     "conda_env_download_dir": "/scratch/downloads",
-    "conda_env_install_prefix": "/scratch/miniconda3",
+    "p40fleet_conda_prefix": "/scratch/miniconda3",
 }
 
 # host -> (probe report, host_vars, verdict). A verdict is ("accepted", profile name) or
@@ -366,8 +368,8 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
             [
                 f"too little disk: {CUDA_HOME} (CUDA 11.8 toolkit, cuda_toolkit_home, 7 GiB) + "
                 "/var/tmp/p40fleet (CUDA runfile extraction, cuda_toolkit_tmpdir, 10 GiB) + ",
-                "/opt/miniconda3 (Miniconda and the verl env, conda_env_install_prefix, 20 GiB)",
-                "/home (PPO checkpoints, 2 kept of about 12 GiB, launch_script_work_dir, 24 GiB)",
+                "/opt/miniconda3 (Miniconda and the verl env, p40fleet_conda_prefix, 20 GiB)",
+                "/home (PPO checkpoints, 2 kept of about 12 GiB, p40fleet_work_dir, 24 GiB)",
                 " on the filesystem of /: 40.0 GiB free; required: 71 GiB free there;",
             ],
         ),
@@ -388,7 +390,7 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
         (
             "refused",
             [
-                "too little disk: /home (PPO checkpoints, 2 kept of about 12 GiB, launch_script_work_dir, 24 GiB) "
+                "too little disk: /home (PPO checkpoints, 2 kept of about 12 GiB, p40fleet_work_dir, 24 GiB) "
                 "on the filesystem of /: 20.0 GiB free; required: 24 GiB free there;",
             ],
         ),
@@ -402,9 +404,9 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
             [
                 "too little disk: /usr/local/cudnn-8.9.7-cuda11 (cuDNN 8.9.7, cudnn_prefix, 3 GiB) + /var/tmp/p40fleet "
                 "(cuDNN tarball download, cudnn_download_dir, 1 GiB) + /opt/miniconda3 (Miniconda and the verl env, "
-                "conda_env_install_prefix, 20 GiB) + /var/tmp/p40fleet (Miniconda installer download, "
+                "p40fleet_conda_prefix, 20 GiB) + /var/tmp/p40fleet (Miniconda installer download, "
                 "conda_env_download_dir, 1 GiB) + /home (PPO checkpoints, 2 kept of about 12 GiB, "
-                "launch_script_work_dir, 24 GiB) on the filesystem of /: 20.0 GiB free; required: 49 GiB free there;",
+                "p40fleet_work_dir, 24 GiB) on the filesystem of /: 20.0 GiB free; required: 49 GiB free there;",
             ],
         ),
     ),
@@ -533,18 +535,21 @@ def test_disk_checks_follow_the_other_roles_defaults():
     for role in ("cuda_toolkit", "cudnn", "conda_env", "launch_script"):
         defaults.update(yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text()))
     checks = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["gpu_preflight_disk_checks"]
+    # A shared setting (p40fleet_conda_prefix, p40fleet_work_dir) is read by its one name, not a role's copy.
+    shared = [FLEET_FACT.fullmatch(check["path"]) for check in checks]
     fallbacks = [FALLBACK.fullmatch(check["path"]) for check in checks]
-    assert all(fallbacks), [check["path"] for check in checks]
-    for match in fallbacks:
-        assert fleet_value(defaults[match[1]]) == ("" if match[4] else fallback(match)), match[0]
-    assert {m[1] for m in fallbacks} >= {
+    assert all(a or b for a, b in zip(shared, fallbacks, strict=True)), [check["path"] for check in checks]
+    for match in filter(None, fallbacks):
+        role_default = PINS[match[1]] if match[1] in PINS else fleet_value(defaults[match[1]])
+        assert role_default == ("" if match[4] else fallback(match)), match[0]
+    assert {m[1] for m in filter(None, shared + fallbacks)} >= {
         "cuda_toolkit_home",
         "cuda_toolkit_tmpdir",
         "cuda_toolkit_download_dir",
-        "conda_env_install_prefix",
+        "p40fleet_conda_prefix",
         "cudnn_download_dir",
         "conda_env_download_dir",
-        "launch_script_work_dir",
+        "p40fleet_work_dir",
     }
 
 
@@ -558,6 +563,8 @@ ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 # `, true`: the role's default is empty ("derive it"), and preflight checks the literal where it is.
 FALLBACK = re.compile(r"\{\{ (\w+) \| default\(('([^']+)'|p40fleet_\w+)(, true)?\) \}\}")
 FLEET_FACT = re.compile(r"\{\{ (p40fleet_\w+) \}\}")
+# The checkpoints' marker: the work dir, else the env owner's home (`'/home/' ~ p40fleet_env_owner ~ '/verl-runs'`).
+OWNER_FALLBACK = re.compile(r"\{\{ (p40fleet_\w+) \| default\('([^']*)' ~ (p40fleet_\w+) ~ '([^']*)', true\) \}\}")
 
 
 def fallback(match: re.Match) -> str:
@@ -581,8 +588,13 @@ def settings(host: str, host_vars: dict) -> dict:
     on top, paths rendered."""
     values = {**ROLE_DEFAULTS, **ROLE_VARS, **host_vars}
 
+    def shared(name: str) -> str:
+        return str(host_vars.get(name, PINS[name]))
+
     def render(path: str) -> str:
-        return FALLBACK.sub(lambda match: str(host_vars.get(match[1], fallback(match))), path)
+        path = FALLBACK.sub(lambda match: str(host_vars.get(match[1], fallback(match))), path)
+        path = FLEET_FACT.sub(lambda match: shared(match[1]), path)
+        return OWNER_FALLBACK.sub(lambda m: host_vars.get(m[1]) or m[2] + shared(m[3]) + m[4], path)
 
     return {
         "host": host,
@@ -835,3 +847,38 @@ def test_an_installed_kernel_without_an_nvidia_module_is_named_in_a_warning():
     cpu_only["kernels"] = found["kernels"][1:]
     result = ASSESS(cpu_only, settings("host", {"gpu_preflight_no_gpu_compute_cap": "6.1"}))
     assert result["errors"] == [] and not [w for w in result["warnings"] if "kernel" in w]
+
+
+SAVED_FACTS = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_preflight.py", "gpu_preflight_filter")
+SAVED_PROFILE = {"name": "p40", "driver_max_branch": 580, "gpu_count": 1}
+
+
+def b64json(value) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("saved", "facts"),
+    [
+        # What record.yml writes: the facts a run that found the host unchanged publishes.
+        (
+            b64json({"schema": 1, "driver_version": "580.95.05", "has_gpu": True, "profile": SAVED_PROFILE}),
+            {
+                "gpu_preflight_profile": SAVED_PROFILE,
+                "gpu_preflight_has_gpu": True,
+                "gpu_preflight_driver_version": "580.95.05",
+            },
+        ),
+        # No saved state (a host preflight never passed), or not one preflight wrote: nothing is published.
+        ("", {}),
+        (None, {}),
+        ("not base64!", {}),
+        (base64.b64encode(b"{torn").decode(), {}),
+        (b64json([1, 2]), {}),
+        (b64json({"driver_version": "580.95.05", "has_gpu": "yes", "profile": SAVED_PROFILE}), {}),
+        (b64json({"driver_version": "580.95.05", "has_gpu": True, "profile": "p40"}), {}),
+        (b64json({"has_gpu": False, "profile": {}}), {}),
+    ],
+)
+def test_the_saved_state_publishes_the_facts_a_refresh_templates_inputs_with(saved, facts):
+    assert SAVED_FACTS.gpu_preflight_saved_facts(saved) == facts

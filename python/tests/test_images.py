@@ -90,3 +90,14 @@ def test_a_published_host_is_the_image_converged_image_then_returns(monkeypatch,
     assert images.converged_image(profile="p40", login="root") == tag
     # Published once: a second fleet's host does not replace it.
     assert images.publish("p40fleet-other-node1", login="root") == tag and made == [tag]
+
+
+def test_only_the_variants_own_older_images_are_stale():
+    # A default-variant build removed the image of the same host converged with extra vars (its name starts with the
+    # default's), under a test that was about to start from it.
+    base = f"{images.IMAGE_NAME}:{images.PODMAN_PREFIX}-p40-root-debian12-all"
+    listed = [f"{base}-aaaa1111", f"{base}-bbbb2222", f"{base}-3c5b6fde-cccc3333", f"{base}x-dddd4444"]
+    assert images.stale_images(listed, f"{base}-bbbb2222", "p40-root-debian12-all") == [f"{base}-aaaa1111"]
+    assert images.stale_images(listed, f"{base}-3c5b6fde-eeee5555", "p40-root-debian12-all-3c5b6fde") == [
+        f"{base}-3c5b6fde-cccc3333"
+    ]

@@ -363,7 +363,7 @@ def run_lone_host(tmp_path, run_playbook, **settings):
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
-        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
+        "p40fleet_env_owner": pwd.getpwuid(os.getuid()).pw_name,
         "conda_env_prefix": "/opt/miniconda3/envs/verl-env",
         "conda_env_python": "/opt/miniconda3/envs/verl-env/bin/python",
         "gpu_preflight_profile": HOSTS["p40"],

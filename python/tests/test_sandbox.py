@@ -174,7 +174,7 @@ def test_a_host_starts_with_one_exec_and_its_password_on_stdin_alone(monkeypatch
         assert f"p40fleet-sandbox: {step}" in script, step
 
 
-@pytest.mark.parametrize("overrides", [{}, {"conda_env_install_prefix": 0}])
+@pytest.mark.parametrize("overrides", [{}, {"p40fleet_conda_prefix": 0}])
 def test_sandbox_disk_checks_are_preflights_own_with_the_sandbox_size(overrides):
     real = yaml.safe_load((ROLES_DIR / "gpu_preflight" / "defaults" / "main.yml").read_text())[
         "gpu_preflight_disk_checks"

@@ -181,7 +181,7 @@ def provisioned(tmp_path_factory, run_playbook, data_env, hub):
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
-        "conda_env_owner": os.environ.get("USER") or "root",
+        "p40fleet_env_owner": os.environ.get("USER") or "root",
         "training_data_python": str(spy),
         "training_data_root": str(work / "p40fleet"),
         "training_data_hub_endpoint": hub["url"],
@@ -191,7 +191,7 @@ def provisioned(tmp_path_factory, run_playbook, data_env, hub):
     }
     import pwd
 
-    host["conda_env_owner"] = pwd.getpwuid(os.getuid()).pw_name
+    host["p40fleet_env_owner"] = pwd.getpwuid(os.getuid()).pw_name
     (work / "p40fleet").mkdir()
     inventory = work / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
@@ -320,7 +320,7 @@ def test_files_from_the_controller_reach_the_owners_directories_through_roots_st
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "ansible_become": False,
-        "conda_env_owner": pwd.getpwuid(os.getuid()).pw_name,
+        "p40fleet_env_owner": pwd.getpwuid(os.getuid()).pw_name,
         "training_data_python": str(data_env),
         "training_data_root": str(tmp_path / "p40fleet"),
         "training_data_dataset_source": "controller",

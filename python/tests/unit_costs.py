@@ -78,6 +78,9 @@ REVIEWED: dict[str, str] = {
     "host, the second run judging a card from the history the first kept",
     "python/tests/test_gpu_preflight.py": "one ansible-playbook run judging every GPU setup preflight knows, one "
     "host each, and a driver change on a converged host",
+    # Added by the issue-58 owner branch, for the lead's review: its image is a second whole-pipeline converge.
+    "python/tests/test_owner_fleet.py": "a fresh host through site.yml for a non-default env owner (issues 58/59's "
+    "acceptance): the image of that variant is built once, a default-owner host cannot show it",
 }
 
 # --durations lines under xdist: "12.34s call     path::test@unit".

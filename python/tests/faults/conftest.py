@@ -44,7 +44,7 @@ HOSTS: dict[str, tuple[str, dict[str, str], dict, str]] = {
         "p40",
         {CONDA_TMPFS: "1200m"},
         # The env's own 1.2 GB filesystem, which case 12 fills: preflight's 20 GiB rule for it is waived here.
-        {"gpu_preflight_disk_checks": sandbox_disk_checks(conda_env_install_prefix=0)},
+        {"gpu_preflight_disk_checks": sandbox_disk_checks(p40fleet_conda_prefix=0)},
         "converged by site.yml: cases 1, 7, 8, 10, 12 and test_privileges.py",
     ),
     "node2": ("p40-driver-too-old", {}, {}, "case 4: driver too old"),

@@ -51,7 +51,7 @@ def test_a_disk_filling_up_mid_install_is_named_and_the_next_run_converges(conve
         assert [f.message for f in result.failures] == [
             f"{HOST}: pip could not install verl's locked dependencies into {ENV} (exit 1): ERROR: Could not install"
             " packages due to an OSError: [Errno 28] No space left on device. The filesystem holding"
-            f" {ENV} is full: free space there, or move conda_env_install_prefix to a larger disk. The set is not"
+            f" {ENV} is full: free space there, or move p40fleet_conda_prefix to a larger disk. The set is not"
             " recorded as installed: rerun once the cause is fixed, and pip completes it."
         ]
         assert result.failures[0].role == "verl"
