@@ -49,7 +49,7 @@ SHARE_SECONDS = 120.0
 REVIEWED: dict[str, str] = {
     "site-fleet": "two hosts through the whole of site.yml as a new user would, shared by every module that reads "
     "a converged host (conftest.py's site_fleet)",
-    "faults": "the fault suite's cases on one shared fleet (docs/faults.md)",
+    "faults": "the fault suite's cases on one shared fleet (docs/dev/faults.md)",
     "cuda-sandbox": "the CUDA toolkit, cuDNN and artifact fetch stages on sandbox hosts over SSH",
     "python/tests/test_verl_patches.py": "verl_patches against the real verl sdists, run by ansible-playbook",
     "python/tests/test_login_modes.py": "each login mode (sudo with and without a password, root) from a minimal "
