@@ -325,7 +325,9 @@ def play_patterns(playbook: Path) -> list[str] | None:
     for play in plays:
         if not isinstance(play, dict) or "hosts" not in play:
             return None
-        patterns = play["hosts"]
+        # site.yml's empty-fleet guard templates its hosts from the group it guards: that group is its target.
+        guarded = play["vars"].get("p40fleet_guard_group") if isinstance(play.get("vars"), dict) else None
+        patterns = guarded if isinstance(guarded, str) else play["hosts"]
         patterns = patterns if isinstance(patterns, list) else str(patterns).split(",")
         for pattern in (str(p).strip() for p in patterns):
             if not SIMPLE_PATTERN.match(pattern):
