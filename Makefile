@@ -34,7 +34,7 @@ help:
 	@echo "make test   lint and pytest, the molecule scenario among its tests (what CI runs)"
 	@echo "make test-fast   lint and the tests that need no container (pytest -m unit)"
 	@echo "make deps   what a controller needs to provision a real fleet (no sandbox, no podman)"
-	@echo "make faults the fault suite, every case (docs/faults.md), and the tests elsewhere it counts"
+	@echo "make faults the fault suite, every case (docs/dev/faults.md), and the tests elsewhere it counts"
 	@echo "make gpu-check   run each profile's rendered launch script on this machine's CUDA GPU (python/tests/gpu/)"
 	@echo "make gpu-learn   the learning proof: three warm starts, the P40 script and its negative control (learning.py)"
 	@echo "make gpu-sweep   time one P40 step per configuration on this machine's CUDA GPU (python/tests/gpu/sweep.py)"

@@ -2,7 +2,8 @@
 
 build_py copies the files of the collection p40fleet.fleet (site.yml, ansible.cfg, roles/, playbooks/, ...:
 what `ansible-galaxy collection build` would pack, python/p40fleet/collection.py decides) into
-p40fleet/collection/ of the build. An editable install needs no copy: p40fleet finds the checkout itself.
+p40fleet/collection/ansible_collections/p40fleet/fleet/ of the build: p40fleet/collection/ is then a collections
+path, where the roles' full names (p40fleet.fleet.<plugin>) resolve. An editable install needs no copy: p40fleet finds the checkout itself.
 The version's one home is galaxy.yml.
 """
 
@@ -33,9 +34,10 @@ class BuildPyWithCollection(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        target = Path(self.build_lib) / "p40fleet" / "collection"
-        if target.exists():
-            shutil.rmtree(target)
+        top = Path(self.build_lib) / "p40fleet" / "collection"
+        if top.exists():
+            shutil.rmtree(top)
+        target = top / "ansible_collections" / "p40fleet" / "fleet"
         for rel in COLLECTION.collection_files(ROOT):
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)

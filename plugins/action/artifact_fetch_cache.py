@@ -1,6 +1,7 @@
 """artifact_fetch_cache: fill the controller cache with the artifacts the fleet's hosts asked for, each verified.
 
-Runs on the controller only (no host is contacted) and downloads with p40fleet's own downloader, p40fleet.fetch,
+Runs on the controller only (no host is contacted) and downloads with p40fleet's own downloader, p40fleet.fetch
+(the collection's one Python dependency, declared in docs/collection.md and the module documentation),
 the one `p40fleet fetch` and `p40fleet bundle` use: a file already there with the pinned sha256 is kept without a
 request; a download goes to <file>.partial beside it and a cut connection resumes from where it stopped (HTTP
 Range, also in a later run), under a lock no second download of the same file gets; the file takes its final

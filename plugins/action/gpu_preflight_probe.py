@@ -2,7 +2,7 @@
 
 The module of the same name (plugins/modules/gpu_preflight_probe.py) runs on the host and only reads. This action,
 on the controller, hands it its options, then judges its report with the role's rules
-(plugins/filter/gpu_preflight.py, the same function the filter exposes) against `settings`:
+(plugins/plugin_utils/gpu_preflight.py, the same function the filter exposes) against `settings`:
 - a refused host fails this task with one message naming every finding, before anything touched it;
 - a host that passes gets the facts later stages read (gpu_preflight_profile, gpu_preflight_state_content,
   ...) as host facts, which also reach the fact cache and the run's events (p40fleet's report reads them).
@@ -17,13 +17,10 @@ probing: the table tests of the rules go through this same code without a host. 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.p40fleet.fleet.plugins.plugin_utils.gpu_preflight import gpu_preflight_assess
 
-RULES_PATH = Path(__file__).resolve().parent.parent / "filter" / "gpu_preflight.py"
 SETTINGS = (
     "host",
     "strict",
@@ -42,13 +39,6 @@ SETTINGS = (
     "disk_checks",
     "state_file",
 )
-
-
-def load_rules():
-    spec = importlib.util.spec_from_file_location("gpu_preflight_rules", RULES_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.gpu_preflight_assess
 
 
 def refusal(host: str, errors: list[str]) -> str:
@@ -70,11 +60,13 @@ class ActionModule(ActionBase):
                 f"gpu_preflight_probe: settings must hold {', '.join(SETTINGS)}; missing {missing}, unknown {extra}"
             )
         if report is None:
-            probed = self._execute_module(module_name="gpu_preflight_probe", module_args=args, task_vars=task_vars)
+            probed = self._execute_module(
+                module_name="p40fleet.fleet.gpu_preflight_probe", module_args=args, task_vars=task_vars
+            )
             if probed.get("failed"):
                 return {**result, **probed}
             report = probed["report"]
-        verdict = load_rules()(report, settings)
+        verdict = gpu_preflight_assess(report, settings)
         result.update(changed=False, report=report, verdict=verdict)
         if verdict["errors"]:
             result.update(failed=True, msg=refusal(settings["host"], verdict["errors"]))

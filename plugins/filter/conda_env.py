@@ -41,6 +41,8 @@ def conda_env_plan(found, settings):
 
 
 def conda_env_owner_refusal(found, owner, prefix, host="this host"):
+    """The refusal for a host provisioned for another env owner (naming both and what to do), or '' where the
+    prefix and the env are this owner's or root's."""
     # root's own prefix (made by hand, empty) is not another owner's: the install step makes it the owner's.
     others = sorted({found.get(key) or "" for key in ("prefix_owner", "env_owner")} - {"", "root", owner})
     if not others:

@@ -6,11 +6,11 @@ cluster Ray reports is the one the inventory asks for. Table-tested without host
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import ipaddress
 import json
 import re
-from pathlib import Path
+
+from ansible_collections.p40fleet.fleet.plugins.plugin_utils import verl_batches
 
 # What must match on every member for verl's trainer.n_gpus_per_node to hold everywhere: one GPU model and count.
 PROFILE_KEYS = ("name", "gpu_name", "gpu_count", "compute_cap")
@@ -384,32 +384,19 @@ def ray_cluster_firewall(members, ports, owner_uid):
 
 
 # --- A cluster job's batch sizes at its world size (python/tests/test_ray_cluster_batches.py) ---
-# verl's batch rules have one home, the launch settings' filter, loaded here by path (as plugins/action/
-# gpu_preflight_probe.py loads its role's rules): a filter plugin is not an importable module.
-BATCH_RULES_PATH = Path(__file__).resolve().parent / "launch_script.py"
-
-
-def _batch_rules():
-    spec = importlib.util.spec_from_file_location("launch_script_batch_rules", BATCH_RULES_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RULES = _batch_rules()
 
 
 def ray_cluster_batches(plan, batches, mode="refuse"):
     """The batch sizes a cluster's job trains with: the configured ones where verl runs them at the plan's world size
     (nnodes x gpus_per_node); else a refusal naming the members, what verl would assert and the node counts that
     work (mode refuse), or the smallest sizes that run (mode derive), said in `note`. The rules are the launch
-    settings' (plugins/filter/launch_script.py, judge_batches).
+    settings' (plugins/plugin_utils/verl_batches.py, judge_batches).
     Returns {world, train_batch_size, ppo_mini_batch_size, val_batch_size, derived: bool, note, refusal}."""
-    if mode not in RULES.BATCH_MODES:
-        raise ValueError(f"ray_cluster_batch_sizes is {mode!r}; it is one of {', '.join(RULES.BATCH_MODES)}")
+    if mode not in verl_batches.BATCH_MODES:
+        raise ValueError(f"ray_cluster_batch_sizes is {mode!r}; it is one of {', '.join(verl_batches.BATCH_MODES)}")
     world = int(plan["nnodes"]) * int(plan["gpus_per_node"])
-    judged = RULES.judge_batches(world, batches, mode)
-    result = {k: judged[k] for k in RULES.BATCH_KEYS}
+    judged = verl_batches.judge_batches(world, batches, mode)
+    result = {k: judged[k] for k in verl_batches.BATCH_KEYS}
     result.update(world=world, derived=judged["derived"], note="", refusal="")
     if not judged["why"]:
         return result
@@ -423,7 +410,7 @@ def ray_cluster_batches(plan, batches, mode="refuse"):
         return result
     gpus = int(plan["gpus_per_node"])
     counts = range(1, max(int(plan["nnodes"]), 8) + 1)
-    fits = [w // gpus for w in RULES.worlds_that_split([k * gpus for k in counts], batches)]
+    fits = [w // gpus for w in verl_batches.worlds_that_split([k * gpus for k in counts], batches)]
     sizes = ", ".join(f"{k} ({k * gpus} ranks)" for k in fits) or "none up to 8"
     result["refusal"] = (
         f"cluster {cluster} ({members}): {shape}, which verl cannot split: {judged['why']}. Node counts of "

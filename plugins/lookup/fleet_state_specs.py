@@ -6,7 +6,7 @@ the value of every variable its meta/argument_specs.yml declares (no_log ones, a
 under ignore_inputs, left out) and digests of the role's own files and of the collection's plugins/, so an
 inventory change or a new p40fleet release re-opens the stage.
 
-    lookup('fleet_state_specs', 'cuda_toolkit', 'cudnn', roles_dir='/path/to/roles')
+    lookup('p40fleet.fleet.fleet_state_specs', 'cuda_toolkit', 'cudnn', roles_dir='/path/to/roles')
 
 Each stage is templated against only the variables its markers and inputs reference, directly or through
 other variables (the names in their {{ }} and {% %} blocks): in ansible-core 2.19 every nested render copies
@@ -30,6 +30,10 @@ from ansible.plugins.lookup import LookupBase
 DOCUMENTATION = r"""
 name: fleet_state_specs
 short_description: Each stage's markers and inputs, for the fleet_state probe.
+description:
+  - For each stage (role) in the play, the markers the role declares and the values of its declared inputs, with
+    digests of the role's files and of the collection's plugins, so that a change re-opens the stage.
+author: p40fleet
 options:
   _terms:
     description: Stage (role) names.
@@ -110,8 +114,7 @@ def referenced(variables, names) -> dict | None:
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
-        # The options are read as given, not through set_options: Ansible reads option definitions from the file
-        # it loaded, and the collection's playbooks load this lookup through playbooks/lookup_plugins/.
+        # The options are read as given, not through set_options: the tests call run() directly, without a loader.
         roles_dir = kwargs.get("roles_dir")
         if not roles_dir:
             raise AnsibleError("fleet_state_specs: roles_dir='<the directory holding the roles>' is required")

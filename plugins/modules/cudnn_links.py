@@ -27,6 +27,10 @@ ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
 DOCUMENTATION = r"""
 module: cudnn_links
 short_description: Make cuDNN's links into the CUDA tree and remove links to another cuDNN, in one call.
+description:
+  - Makes the links cuDNN's files need inside the CUDA tree and removes links to another cuDNN, in one call, as root.
+  - Refuses to remove anything at a listed path that is not a symlink; supports check mode.
+author: p40fleet
 options:
   links:
     description: The links to make, each a dict with src (what the link points to) and dest (the link's path).
@@ -42,6 +46,29 @@ options:
     description: The host's inventory name, for messages.
     type: str
     default: this host
+"""
+
+EXAMPLES = r"""
+- name: Link cuDNN into the CUDA tree
+  p40fleet.fleet.cudnn_links:
+    links:
+      - src: /usr/lib/x86_64-linux-gnu/libcudnn.so.8
+        dest: "{{ p40fleet_cuda_home }}/lib64/libcudnn.so.8"
+    remove: []
+    host: "{{ inventory_hostname }}"
+"""
+
+RETURN = r"""
+linked:
+  description: The links made (their paths).
+  type: list
+  elements: str
+  returned: always
+removed:
+  description: The links removed.
+  type: list
+  elements: str
+  returned: always
 """
 
 

@@ -13,6 +13,10 @@ from ansible.module_utils.basic import AnsibleModule
 DOCUMENTATION = r"""
 module: driver_hold_packages
 short_description: Read the installed NVIDIA driver candidates, their holds and driver_hold's files.
+description:
+  - Reads the installed NVIDIA driver candidates, their apt holds and driver_hold's own files.
+  - Changes nothing; every decision is made by the role's filter (plugins/filter/driver_hold.py).
+author: p40fleet
 options:
   preferences_file:
     description: The apt preferences file driver_hold writes (its content is returned).
@@ -45,6 +49,15 @@ record:
   description: driver_hold's record (null where there is none or it is unreadable).
   type: dict
   returned: always
+"""
+
+EXAMPLES = r"""
+- name: Read the driver packages and their holds
+  p40fleet.fleet.driver_hold_packages:
+    preferences_file: /etc/apt/preferences.d/p40fleet-nvidia-driver
+    unattended_file: /etc/apt/apt.conf.d/51p40fleet-nvidia-driver
+    record_file: /var/lib/p40fleet/driver_hold.json
+  register: driver_hold_found
 """
 
 QUERY = ["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\n"]

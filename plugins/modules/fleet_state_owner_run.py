@@ -31,6 +31,10 @@ ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
 DOCUMENTATION = r"""
 module: fleet_state_owner_run
 short_description: Run a command as the env owner in a child process with a clean environment; rc and output back.
+description:
+  - Runs a command as the env owner in a child process with a clean environment and returns its rc and output.
+  - Root never reads a path the owner chose; output past O(output_limit) is read and dropped.
+author: p40fleet
 options:
   owner:
     description: The account that runs the command (the env owner; root only where the tree is root's own).
@@ -78,6 +82,35 @@ options:
     description: The host's inventory name, for messages.
     type: str
     default: this host
+"""
+
+EXAMPLES = r"""
+- name: Ask the env's Python for its version, as the env owner
+  p40fleet.fleet.fleet_state_owner_run:
+    owner: p40fleet
+    argv: [/opt/p40fleet/conda/bin/python, -I, -c, "import sys; print(sys.version)"]
+    timeout: 60
+  register: owner_python
+"""
+
+RETURN = r"""
+rc:
+  description: The command's exit status.
+  type: int
+  returned: always
+stdout:
+  description: The command's standard output (the first O(output_limit) bytes; empty with O(stdout_dest)).
+  type: str
+  returned: always
+stderr:
+  description: The command's standard error (the last O(output_limit) bytes).
+  type: str
+  returned: always
+cmd:
+  description: The command as given.
+  type: list
+  elements: str
+  returned: always
 """
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -43,6 +43,10 @@ ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
 DOCUMENTATION = r"""
 module: fleet_state_path
 short_description: Make a directory or write or remove a file as root, refusing any path the env owner could steer.
+description:
+  - Makes a directory, or writes or removes a file, as root, refusing any path the env owner could steer.
+  - Every component is opened without following links; a file's change is shown as a diff with secrets masked.
+author: p40fleet
 options:
   path:
     description: Absolute path of the directory or file.
@@ -101,6 +105,26 @@ options:
       content...) or a path (the task's options), instead of the task's path. The first refusal stops the batch;
       what came before it stays done.
     type: list
+"""
+
+EXAMPLES = r"""
+- name: Ensure the state directory exists, root's own
+  p40fleet.fleet.fleet_state_path:
+    path: /var/lib/p40fleet
+    state: directory
+    owner: root
+    mode: "0755"
+"""
+
+RETURN = r"""
+path:
+  description: The path acted on.
+  type: str
+  returned: always
+diff:
+  description: The file's content before and after (secrets masked), where Ansible asks for a diff.
+  type: dict
+  returned: when diff mode is on and O(state=file)
 """
 
 FOLLOW_LIMIT = 40

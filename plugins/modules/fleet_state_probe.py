@@ -41,6 +41,10 @@ ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
 DOCUMENTATION = r"""
 module: fleet_state_probe
 short_description: Read every p40fleet stage's markers at once; write stage and verification records.
+description:
+  - Reads every p40fleet stage's markers in one call, and writes stage and verification records.
+  - Mode probe only reads; modes record and verified write root-owned JSON records under O(state_dir).
+author: p40fleet
 options:
   mode:
     description: probe (read only), record (one stage's record) or verified (the verified preflight state).
@@ -108,6 +112,15 @@ converged:
   description: Every stage's gate is none and nothing is to be re-verified; the play can end for this host.
   type: bool
   returned: mode probe
+"""
+
+EXAMPLES = r"""
+- name: Read every stage's markers
+  p40fleet.fleet.fleet_state_probe:
+    state_dir: /var/lib/p40fleet/state
+    stages: >-
+      {{ lookup('p40fleet.fleet.fleet_state_specs', 'cuda_toolkit', 'cudnn', roles_dir=playbook_dir ~ '/roles') }}
+  register: fleet_state_found
 """
 
 # Larger files are identified by size and mtime: hashing a 4 GB model or a 400 MB library on every

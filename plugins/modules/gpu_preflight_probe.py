@@ -21,6 +21,64 @@ import shutil
 import subprocess
 import sys
 
+DOCUMENTATION = r"""
+module: gpu_preflight_probe
+short_description: Probe a GPU host read-only, judge the report by gpu_preflight's rules, refuse or publish.
+description:
+  - On the host, reads the GPUs (nvidia-smi and PCI), the kernel module, the OS, CPUs, memory, free space under
+    O(paths) and the saved state of the last run; changes nothing.
+  - On the controller, its action of the same name judges that report by the rules in
+    plugins/plugin_utils/gpu_preflight.py against O(settings) and fails the task with every finding, or sets the
+    GPU profile and the facts later stages read.
+author: p40fleet
+options:
+  nvidia_smi:
+    description: The nvidia-smi command, a name looked up in the system's directories or a path.
+    type: str
+    default: nvidia-smi
+  paths:
+    description: Directories whose free space the rules check.
+    type: list
+    elements: str
+    default: []
+  present_paths:
+    description: Paths whose existence the rules check (installed markers).
+    type: list
+    elements: str
+    default: []
+  state_file:
+    description: The saved state of the last run (a local fact file).
+    type: str
+    required: true
+  settings:
+    description: The rules' settings (gpu_preflight's variables, as roles/gpu_preflight/vars/main.yml gathers them).
+    type: dict
+    required: true
+  report:
+    description: A report taken before, judged instead of probing (the rules' table tests); the role never passes it.
+    type: dict
+"""
+
+EXAMPLES = r"""
+- name: Ensure the host is probed, judged and its GPU profile published
+  p40fleet.fleet.gpu_preflight_probe:
+    nvidia_smi: nvidia-smi
+    paths: [/opt, /home]
+    state_file: /etc/ansible/facts.d/p40fleet_preflight.fact
+    settings: "{{ gpu_preflight_settings }}"
+"""
+
+RETURN = r"""
+report:
+  description: What the probe read on the host.
+  type: dict
+  returned: always
+verdict:
+  description: The rules' verdict, {errors, warnings, facts}.
+  type: dict
+  returned: always
+"""
+
 # Ansible replaces the placeholder with the task's arguments as JSON (ASCII, quotes escaped: safe in this literal).
 ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
 # ecc.mode.current/pending: "Enabled", "Disabled", or "[N/A]" where a card has no ECC (GeForce); the reported

@@ -11,6 +11,10 @@ from ansible.module_utils.basic import AnsibleModule
 DOCUMENTATION = r"""
 module: host_prereqs_packages
 short_description: Report missing packages and missing apt candidates, changing nothing.
+description:
+  - Reports the packages that are not installed and those without an apt candidate.
+  - Changes nothing; the role installs what it reports.
+author: p40fleet
 options:
   packages:
     description: Package names to look up.
@@ -28,6 +32,13 @@ unavailable:
   description: Missing packages without an apt candidate in the current lists.
   type: list
   returned: always
+"""
+
+EXAMPLES = r"""
+- name: List what is missing
+  p40fleet.fleet.host_prereqs_packages:
+    packages: [build-essential, git]
+  register: host_prereqs_found
 """
 
 # apt-cache must not rebuild its binary caches: that would be a change on the host.

@@ -11,6 +11,48 @@ import struct
 
 from ansible.module_utils.basic import AnsibleModule
 
+DOCUMENTATION = r"""
+module: ray_cluster_probe
+short_description: Read a host's IPv4 interfaces, what its address resolves to and the Ray node settings p40fleet wrote.
+description:
+  - Read-only; every decision on what it returns is the ray_cluster role's filter (plugins/filter/ray_cluster.py).
+  - An env file that is a symlink or anything but a regular file counts as absent.
+author: p40fleet
+options:
+  address:
+    description: The host's inventory address, resolved to IPv4 addresses on the host.
+    type: str
+    required: true
+  env_file:
+    description: The root-owned KEY=VALUE file of the Ray node's settings.
+    type: path
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Read the host's interfaces and Ray settings
+  p40fleet.fleet.ray_cluster_probe:
+    address: "{{ ansible_host | default(inventory_hostname) }}"
+    env_file: /etc/p40fleet/ray-node.env
+  register: ray_cluster_found
+"""
+
+RETURN = r"""
+interfaces:
+  description: Interface name -> its IPv4 addresses.
+  type: dict
+  returned: always
+addresses:
+  description: The IPv4 addresses O(address) resolves to, sorted.
+  type: list
+  elements: str
+  returned: always
+env:
+  description: The env file's settings (empty where it is absent).
+  type: dict
+  returned: always
+"""
+
 SIOCGIFADDR = 0x8915
 
 

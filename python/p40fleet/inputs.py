@@ -23,8 +23,9 @@ import yaml
 from p40fleet.paths import SITE_PLAYBOOK
 
 ROLES_DIR = SITE_PLAYBOOK.parent / "roles"
-# The batch sizes' minimums, whose home is the launch settings' filter (it refuses the same on the host).
-LAUNCH_FILTER = SITE_PLAYBOOK.parent / "plugins" / "filter" / "launch_script.py"
+# The batch sizes' minimums, whose home is the batch rules the launch settings' filter applies (it refuses the same
+# on the host).
+LAUNCH_FILTER = SITE_PLAYBOOK.parent / "plugins" / "plugin_utils" / "verl_batches.py"
 SIMPLE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 SHOWN_HOSTS = 5
 
@@ -324,7 +325,9 @@ def play_patterns(playbook: Path) -> list[str] | None:
     for play in plays:
         if not isinstance(play, dict) or "hosts" not in play:
             return None
-        patterns = play["hosts"]
+        # site.yml's empty-fleet guard templates its hosts from the group it guards: that group is its target.
+        guarded = play["vars"].get("p40fleet_guard_group") if isinstance(play.get("vars"), dict) else None
+        patterns = guarded if isinstance(guarded, str) else play["hosts"]
         patterns = patterns if isinstance(patterns, list) else str(patterns).split(",")
         for pattern in (str(p).strip() for p in patterns):
             if not SIMPLE_PATTERN.match(pattern):
@@ -441,7 +444,7 @@ def check_value(name: str, value, spec: dict) -> str | None:
     least = minimums().get(name)
     converted = result.validated_parameters.get(name)
     if least is not None and isinstance(converted, int) and converted < least:
-        return f"{name} must be at least {least} (plugins/filter/launch_script.py, BATCH_MINIMUMS)"
+        return f"{name} must be at least {least} (plugins/plugin_utils/verl_batches.py, BATCH_MINIMUMS)"
     return None
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p40fleet.paths import ANSIBLE_CONFIG
+from p40fleet.paths import ANSIBLE_CONFIG, COLLECTIONS_PATH
 from p40fleet.state import StateDir, default_keep_runs, now
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
@@ -213,6 +213,8 @@ def ansible_env(inventory: Path, envvars: dict | None = None, pass_env: Iterable
     env.update(
         {
             "ANSIBLE_CONFIG": str(ANSIBLE_CONFIG),
+            # p40fleet.fleet is this p40fleet's own copy, never one installed elsewhere (the roles use full names).
+            "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_PATH),
             "PATH": bin_dir() + os.pathsep + os.environ.get("PATH", os.defpath),
             "ANSIBLE_FORCE_COLOR": "0",
             # ansible-runner turns host key checking off unless told otherwise; p40fleet never does.

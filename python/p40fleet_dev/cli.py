@@ -38,7 +38,7 @@ LOGIN_HELP = (
 
 # What `sandbox up --services` says it installed: stand-ins, each named as one (p40fleet_dev/standins.py).
 STANDINS_NOTE = (
-    "Stand-ins on every host (test fixtures, not the real programs; docs/sandbox.md):\n"
+    "Stand-ins on every host (test fixtures, not the real programs; docs/dev/sandbox.md):\n"
     "  systemctl    a stand-in service manager for train's units (python/tests/fixtures/standins/host/systemd/)\n"
     "  trainer      a stand-in for verl's trainer, no GPU (train_run_command; .../standins/trainer/verl_standin.py)\n"
     "  qualify      a stand-in nvidia-smi answering as recorded card {card} (.../standins/gpu_qualify/),\n"
@@ -159,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
         "--services",
         action="store_true",
         help="stand-ins for systemctl, verl's trainer and the qualification's nvidia-smi, and the env owner, so that"
-        " `p40fleet train` and `p40fleet qualify` run on the sandbox (docs/sandbox.md)",
+        " `p40fleet train` and `p40fleet qualify` run on the sandbox (docs/dev/sandbox.md)",
     )
     ssub.add_parser("down", parents=[named])
     ssub.add_parser("status", parents=[named])

@@ -511,7 +511,7 @@ class Sandbox:
         {controller path: host path}: what a test needs on the hosts that is too large to copy (the CPU venv's
         torch). `standins` (with `services`) puts the stand-ins of p40fleet_dev.standins on every host and points
         train_run and gpu_qualify at them in the inventory, so `p40fleet train` and `p40fleet qualify` run as
-        written (`sandbox up --services`, docs/sandbox.md)."""
+        written (`sandbox up --services`, docs/dev/sandbox.md)."""
         if standins and not services:
             raise SandboxError("the training and qualification stand-ins need the stand-in service manager (services)")
         if login not in LOGIN_MODES:

@@ -4,10 +4,18 @@ its path, so tests call its functions directly."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
 from p40fleet_dev.paths import REPO_ROOT
+
+# The collection's plugins import their shared code by its full name (ansible_collections.p40fleet.fleet.plugins.
+# plugin_utils...): the checkout's collections path (collections/ansible_collections/p40fleet/fleet -> the checkout)
+# makes those names this checkout's files here, as Ansible's collection loader does in a run.
+COLLECTIONS_PATH = str(REPO_ROOT / "collections")
+if COLLECTIONS_PATH not in sys.path:
+    sys.path.append(COLLECTIONS_PATH)
 
 # The helpers the owner-run scripts share: their roles hand the env owner's Python this text before the script's.
 OWNER_SCRIPT_HELPERS = REPO_ROOT / "plugins" / "module_utils" / "owner_script.py"

@@ -264,11 +264,11 @@ def test_the_env_owner_runs_nothing_of_the_build_and_the_account_is_always_remov
     tasks = yaml.safe_load((ROLE / "tasks" / "build.yml").read_text())
     (build,) = [t for t in tasks if "block" in t]
     steps = [*tasks, *build["block"], *build["always"]]
-    runs = [t["fleet_state_owner_run"] for t in steps if "fleet_state_owner_run" in t]
+    runs = [t["p40fleet.fleet.fleet_state_owner_run"] for t in steps if "p40fleet.fleet.fleet_state_owner_run" in t]
     assert len(runs) >= 5 and {run["owner"] for run in runs} == {"{{ apex_build_account }}"}
     assert [t.get("ansible.builtin.include_tasks") for t in build["always"]][-1] == "build_account_remove.yml"
     # The account's directory is root's to make: fresh, 0700, in root's tree.
-    made = next(t["fleet_state_path"] for t in tasks if "fleet_state_path" in t)["batch"]
+    made = next(t["p40fleet.fleet.fleet_state_path"] for t in tasks if "p40fleet.fleet.fleet_state_path" in t)["batch"]
     assert {"path": "{{ apex_build_dir }}", "owner": "{{ apex_build_account }}", "mode": "0700"} in made
 
 
@@ -282,9 +282,9 @@ def test_the_build_runs_root_s_builder_env_never_the_env_s_python_or_torch():
     # The env's owner can change the env's torch (torch.utils.cpp_extension compiles every extension): nothing the
     # build account runs, nor its environment, names the env; what Python it runs is the builder env's.
     account_runs = [
-        (name, task["fleet_state_owner_run"])
+        (name, task["p40fleet.fleet.fleet_state_owner_run"])
         for task, name in apex_tasks()
-        if task.get("fleet_state_owner_run", {}).get("owner") == "{{ apex_build_account }}"
+        if task.get("p40fleet.fleet.fleet_state_owner_run", {}).get("owner") == "{{ apex_build_account }}"
     ]
     assert {name for name, _ in account_runs} == {"build.yml"} and len(account_runs) >= 5
     for _, run in account_runs:
@@ -300,7 +300,7 @@ def test_the_build_runs_root_s_builder_env_never_the_env_s_python_or_torch():
     assert "apex_builder_prefix ~ '/bin:'" in variables["apex_build_environment"]
     # The builder env is root's: made by root alone (no account runs anything there), in root's state tree.
     builder = [task for task, name in apex_tasks() if name == "builder_env.yml"]
-    assert builder and not [t for t in builder if "fleet_state_owner_run" in t or "become_user" in t]
+    assert builder and not [t for t in builder if "p40fleet.fleet.fleet_state_owner_run" in t or "become_user" in t]
     # Its Python is checked against the env's pin (conda_env_python_version), never run from the env.
     assert not re.search(r"conda_env_(python(?!_version)|prefix)", (ROLE / "tasks" / "builder_env.yml").read_text())
     assert yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["apex_builder_prefix"].startswith(
@@ -328,6 +328,6 @@ def test_the_builder_env_installs_the_torch_lock_from_wheels_with_hashes_as_root
     for pin in ("conda_env_installer_sha256", "pytorch_lock_digest", "apex_build_requirements_content"):
         assert pin in variables["apex_builder_digest"]
     # The marker is the last thing made: an interrupted builder env has none and is made afresh.
-    assert "fleet_state_path" in made["block"][-1] and made["block"][-1]["fleet_state_path"]["content"] == (
-        "{{ apex_builder_digest }}"
-    )
+    assert "p40fleet.fleet.fleet_state_path" in made["block"][-1] and made["block"][-1][
+        "p40fleet.fleet.fleet_state_path"
+    ]["content"] == ("{{ apex_builder_digest }}")

@@ -1,6 +1,7 @@
 """The roles and playbooks as the Ansible collection p40fleet.fleet: built offline, all of it, nothing else; installed
 with ansible-galaxy, its playbook p40fleet.fleet.site converges a sandbox host from a directory outside the
-checkout, with nothing of the checkout on Ansible's paths."""
+checkout, with nothing of the checkout on Ansible's paths, and an operator's own playbook there (no ansible.cfg)
+uses its role, module and filter by their full names. With no inventory, its site playbook fails."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import yaml
 
 from p40fleet.collection import collection_files
 from p40fleet_dev.paths import REPO_ROOT
-from tests.source_modules import load_module
 
 CHECKOUT_ONLY = (".venv/", ".cache/", ".sandbox/", ".runs/", ".fact_cache/", "python/", "molecule/", "build/")
 
@@ -74,49 +74,81 @@ def test_the_package_selects_exactly_what_the_collection_build_packs(built):
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
 
-@pytest.mark.sandbox
-@pytest.mark.converge
-def test_the_installed_collection_converges_a_sandbox_host_from_anywhere(built, make_sandbox, tmp_path):
-    collections, work = tmp_path / "collections", tmp_path / "work"
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory) -> dict:
+    """The built collection installed into a collections path of its own; a working directory outside the checkout,
+    without an ansible.cfg; the environment that names that collections path and nothing of the checkout."""
+    root = tmp_path_factory.mktemp("installed")
+    collections, work = root / "collections", root / "work"
     work.mkdir()
     assert not work.resolve().is_relative_to(REPO_ROOT)
     env = galaxy_env(ANSIBLE_COLLECTIONS_PATH=str(collections))
-    bin_dir = Path(sys.executable).parent
     installed = subprocess.run(
-        [str(bin_dir / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(collections), str(built)],
+        [str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(collections), str(built)],
         capture_output=True, text=True, env=env, cwd=work, check=False,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert (collections / "ansible_collections" / "p40fleet" / "fleet" / "playbooks" / "site.yml").is_file()
-    fleet = make_sandbox("collection", ["p40"])
-    argv = [str(bin_dir / "ansible-playbook"), "p40fleet.fleet.site", "-i", str(fleet.inventory_dir), "-l", "p40-hosts"]
+    assert not (work / "ansible.cfg").exists()
+    return {"collections": collections, "work": work, "env": env}
 
-    def play() -> dict[str, tuple[int, ...]]:
+
+BIN = Path(sys.executable).parent
+
+# An operator's own playbook: the collection's role, a module and a filter, each by its full name.
+OPERATOR_PLAYBOOK = """\
+---
+- name: An operator's own play with p40fleet.fleet's role, module and filter
+  hosts: p40-hosts
+  gather_facts: false
+  roles:
+    - role: p40fleet.fleet.gpu_preflight
+  tasks:
+    - name: Read the host's interfaces with the collection's module
+      p40fleet.fleet.ray_cluster_probe:
+        address: "{{ ansible_host | default(inventory_hostname) }}"
+        env_file: /nonexistent/p40fleet-operator.env
+      register: operator_probe
+    - name: Check the role's fact, the module's answer and the filter's result
+      ansible.builtin.assert:
+        that:
+          - gpu_preflight_profile.name == 'pascal'
+          - operator_probe.interfaces | length > 0
+          - operator_probe.env == {}
+          - ('py311_24.1.2-0' | p40fleet.fleet.conda_env_installer_python) == '3.11'
+"""
+
+
+def test_the_installed_collections_site_fails_with_no_inventory(installed):
+    """From the installed collection, with no ansible.cfg and no inventory (only Ansible's implicit localhost), the
+    pipeline fails naming the empty group instead of exiting 0 having done nothing."""
+    argv = [str(BIN / "ansible-playbook"), "p40fleet.fleet.site"]
+    result = subprocess.run(argv, capture_output=True, text=True, env=installed["env"], cwd=installed["work"])
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "The inventory has no host in the group p40-hosts" in result.stdout + result.stderr
+
+
+@pytest.mark.sandbox
+@pytest.mark.converge
+def test_the_installed_collection_converges_a_sandbox_host_from_anywhere(installed, make_sandbox):
+    env, work = installed["env"], installed["work"]
+    fleet = make_sandbox("collection", ["p40"])
+    inventory = ["-i", str(fleet.inventory_dir)]
+    argv = [str(BIN / "ansible-playbook"), "p40fleet.fleet.site", *inventory, "-l", "p40-hosts"]
+
+    def play(argv) -> dict[str, tuple[int, ...]]:
         result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work, check=False)
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
         return {host: tuple(int(n) for n in counts) for host, *counts in RECAP.findall(result.stdout)}
 
-    first = play()
+    first = play(argv)
     assert set(first) == {"node1"}
     _, changed, unreachable, failed = first["node1"]
     assert changed > 0 and unreachable == failed == 0, first
-    second = play()
+    second = play(argv)
     assert second["node1"][1:] == (0, 0, 0), second
 
-
-def test_the_collections_playbooks_reach_every_filter_and_lookup_by_its_short_name():
-    """Ansible finds a collection role's filters and lookups only beside the playbook it runs (or in configured
-    directories): the loaders in playbooks/ must hand it every one of plugins/."""
-    loader = load_module(REPO_ROOT / "playbooks" / "filter_plugins" / "p40fleet_filters.py", "p40fleet_filters")
-    wanted = {}
-    for path in sorted((REPO_ROOT / "plugins" / "filter").glob("*.py")):
-        wanted.update(load_module(path, f"filter_{path.stem}").FilterModule().filters())
-    given = loader.FilterModule().filters()
-    assert sorted(given) == sorted(wanted)
-    assert {name: func.__code__.co_filename for name, func in given.items()} == {
-        name: func.__code__.co_filename for name, func in wanted.items()
-    }
-    lookups = sorted(p.name for p in (REPO_ROOT / "plugins" / "lookup").glob("*.py"))
-    assert sorted(p.name for p in (REPO_ROOT / "playbooks" / "lookup_plugins").glob("*.py")) == lookups
-    shim = load_module(REPO_ROOT / "playbooks" / "lookup_plugins" / "fleet_state_specs.py", "specs_shim")
-    assert shim.LookupModule.run.__code__.co_filename == str(REPO_ROOT / "plugins" / "lookup" / "fleet_state_specs.py")
+    # The operator's own playbook, beside no ansible.cfg, on the converged host.
+    (work / "operator.yml").write_text(OPERATOR_PLAYBOOK)
+    own = play([str(BIN / "ansible-playbook"), "operator.yml", *inventory])
+    assert set(own) == {"node1"} and own["node1"][2:] == (0, 0), own

@@ -59,8 +59,8 @@ def test_each_situation_gets_its_decisions(situation):
 
 def test_the_role_wires_the_filter():
     converge = (REPO_ROOT / "roles" / "conda_env" / "tasks" / "probe.yml").read_text()
-    assert "conda_env_probed | conda_env_plan(" in converge
-    assert "conda_env_owner_probe.stdout_lines | default([]) | conda_env_owner_found" in converge
+    assert "conda_env_probed | p40fleet.fleet.conda_env_plan(" in converge
+    assert "conda_env_owner_probe.stdout_lines | default([]) | p40fleet.fleet.conda_env_owner_found" in converge
 
 
 @pytest.mark.parametrize(

@@ -189,9 +189,10 @@ def test_each_stage_s_variable_subset_templates_as_every_variable_does(fleet, co
                     quiet: true
                   vars:
                     roles_dir: {REPO_ROOT / "roles"}
-                    subset: "{{{{ lookup('fleet_state_specs', *fleet_state_stages, roles_dir=roles_dir) }}}}"
+                    subset: >-
+                      {{{{ lookup('p40fleet.fleet.fleet_state_specs', *fleet_state_stages, roles_dir=roles_dir) }}}}
                     every: >-
-                      {{{{ lookup('fleet_state_specs', *fleet_state_stages, roles_dir=roles_dir,
+                      {{{{ lookup('p40fleet.fleet.fleet_state_specs', *fleet_state_stages, roles_dir=roles_dir,
                                   every_variable=true) }}}}
                 - name: Stop before the stages
                   ansible.builtin.meta: end_play

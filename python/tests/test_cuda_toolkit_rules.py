@@ -45,4 +45,4 @@ def test_each_situation_gets_its_verdict(situation):
 
 def test_the_role_wires_the_filter():
     converge = (REPO_ROOT / "roles" / "cuda_toolkit" / "tasks" / "probe.yml").read_text()
-    assert "cuda_toolkit_found | cuda_toolkit_classify(cuda_toolkit_version)" in converge
+    assert "cuda_toolkit_found | p40fleet.fleet.cuda_toolkit_classify(cuda_toolkit_version)" in converge

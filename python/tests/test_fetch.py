@@ -240,7 +240,7 @@ CACHE_PLAYBOOK = """\
   gather_facts: false
   tasks:
     - name: Fill the controller cache
-      artifact_fetch_cache:
+      p40fleet.fleet.artifact_fetch_cache:
         artifacts: "{{ wanted }}"
         attempts: "{{ attempts }}"
       register: filled
@@ -253,13 +253,12 @@ CACHE_PLAYBOOK = """\
 
 @pytest.fixture
 def cache_play(tmp_path, run_playbook):
-    """Run roles/artifact_fetch's action plugin (what fetch_controller.yml runs) on the controller, with its
-    plugin directory on Ansible's path; -> the registered result."""
+    """Run roles/artifact_fetch's action plugin (what fetch_controller.yml runs) on the controller, by its full
+    name; -> the registered result."""
     playbook = tmp_path / "cache.yml"
     playbook.write_text(CACHE_PLAYBOOK)
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"local": {"ansible_connection": "local"}}}}))
-    plugins = REPO_ROOT / "plugins" / "action"
 
     def play(wanted, attempts=3, check=False):
         result = run_playbook(
@@ -267,7 +266,6 @@ def cache_play(tmp_path, run_playbook):
             inventory,
             check=check,
             extra_vars={"wanted": wanted, "attempts": attempts},
-            envvars={"ANSIBLE_ACTION_PLUGINS": str(plugins)},
         )
         (shown,) = [
             e["event_data"]["res"]["filled"]

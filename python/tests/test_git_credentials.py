@@ -81,7 +81,7 @@ def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin():
     found = []
     for role, tasks in (("apex", "build.yml"), ("verl", "install.yml")):
         for task in walk_tasks(yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / tasks).read_text())):
-            run = task.get("fleet_state_owner_run") or {}
+            run = task.get("p40fleet.fleet.fleet_state_owner_run") or {}
             if "fleet_state_git_checkout.sh" in str(run.get("argv")):
                 assert run["argv"][4] == f"{{{{ {role}_git_remote.url }}}}", role
                 assert run["stdin"] == f"{{{{ {role}_git_remote.stdin }}}}", role

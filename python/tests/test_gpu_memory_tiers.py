@@ -3,8 +3,9 @@ and the report says what ECC costs.
 
 Each P40 total below is one real cards print (docs/facts-memory.md cites the outputs): 22919 and 23040 MiB with ECC on
 (older and newer drivers), 24451 and 24576 MiB with it off, and 22888 MiB, the smallest figure quoted for one (the
-capacity the P40 defaults are sized for). Each goes through gpu_preflight's own rules (plugins/filter/gpu_preflight.py,
-on a probe report) and the launch_script role renders from the profile they publish (tests/launch_render.py).
+capacity the P40 defaults are sized for). Each goes through gpu_preflight's own rules
+(plugins/plugin_utils/gpu_preflight.py, on a probe report) and the launch_script role renders from the profile they
+publish (tests/launch_render.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tests.launch_render import render
 from tests.source_modules import load_module
 from tests.test_gpu_preflight_rules import ASSESS, PROBE, report, settings
 
-RULES = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_preflight.py", "gpu_preflight_ecc_rules")
+RULES = load_module(REPO_ROOT / "plugins" / "plugin_utils" / "gpu_preflight.py", "gpu_preflight_ecc_rules")
 INBAND = ["Tesla P40", "Tesla P4", "Tesla T4"]
 # (reported MiB, ECC state as the probe reads it)
 P40_TOTALS = {

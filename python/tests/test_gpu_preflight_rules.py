@@ -463,7 +463,7 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
               gather_facts: false
               tasks:
                 - name: {JUDGE_TASK}
-                  gpu_preflight_probe:
+                  p40fleet.fleet.gpu_preflight_probe:
                     report: "{{{{ recorded_report }}}}"
                     settings: "{{{{ gpu_preflight_settings }}}}"
             """
@@ -471,8 +471,6 @@ def run_assess(tmp_path: Path, cases: dict, cmdline: tuple[str, ...] = ()) -> di
     )
     envvars = {
         "ANSIBLE_CACHE_PLUGIN": "memory",  # nothing of these fake hosts may reach a fact cache
-        "ANSIBLE_ACTION_PLUGINS": str(REPO_ROOT / "plugins" / "action"),
-        "ANSIBLE_FILTER_PLUGINS": str(REPO_ROOT / "plugins" / "filter"),
     }
     result = run_playbook(playbook, inventory, cmdline=cmdline, envvars=envvars)
     results: dict[str, list] = {host: [] for host in cases}
@@ -553,10 +551,12 @@ def test_disk_checks_follow_the_other_roles_defaults():
     }
 
 
-# --- The rules themselves, called directly (plugins/filter/gpu_preflight.py) ----------------------
+# --- The rules themselves, called directly (plugins/plugin_utils/gpu_preflight.py) ----------------------
 
 
-ASSESS = load_module(REPO_ROOT / "plugins" / "filter" / "gpu_preflight.py", "gpu_preflight_filter").gpu_preflight_assess
+ASSESS = load_module(
+    REPO_ROOT / "plugins" / "plugin_utils" / "gpu_preflight.py", "gpu_preflight_filter"
+).gpu_preflight_assess
 ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 # `{{ var | default('literal') }}` or `{{ var | default(p40fleet_fact) }}` (roles/p40fleet_defaults).

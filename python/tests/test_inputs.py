@@ -176,13 +176,13 @@ def test_a_batch_size_under_its_minimum_is_refused_before_contact(tmp_path, caps
     assert cli.main([*argv, "-e", f"launch_script_train_batch_size={value}"]) == cli.EXIT_BAD_INPUT
     err = " ".join(capsys.readouterr().err.split())
     assert f"-e launch_script_train_batch_size: found '{value}'; expected an int of at least 1" in err
-    assert "must be at least 1 (plugins/filter/launch_script.py, BATCH_MINIMUMS)" in err
+    assert "must be at least 1 (plugins/plugin_utils/verl_batches.py, BATCH_MINIMUMS)" in err
     assert StateDir(tmp_path / "state").inventory(inventory).runs() == []
 
 
 def test_the_minimums_are_the_filters_and_name_declared_int_variables():
     specs = inputs.role_variable_specs()
-    filters = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_minimums")
+    filters = load_module(REPO_ROOT / "plugins" / "plugin_utils" / "verl_batches.py", "launch_minimums")
     assert inputs.minimums() == {f"launch_script_{k}": v for k, v in filters.BATCH_MINIMUMS.items()}
     for name in inputs.minimums():
         assert name in specs, name

@@ -1,4 +1,5 @@
-"""verl 0.4.1's batch rules (plugins/filter/launch_script.py, their one home; ray_cluster's filter loads them) and the
+"""verl 0.4.1's batch rules (plugins/plugin_utils/verl_batches.py, their one home; the launch settings and
+ray_cluster import them) and the
 launch settings they give a host of 1 to 8 GPUs, table-tested without hosts: what verl asserts before the first step
 (the train batch split across ranks, ray_trainer.py:377 and protocol.py:662; the mini batch per rank a multiple of
 the micro batch, fsdp_workers.py:156-166; each rank's share cut into equal hf generate calls, hf_rollout.py:47-48, for
@@ -17,7 +18,7 @@ from tests.source_modules import load_module
 from tests.test_launch_script_settings import INPUTS, P40
 from tests.test_launch_script_settings import settings as rendered_settings
 
-RULES = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_script_batch_rules")
+RULES = load_module(REPO_ROOT / "plugins" / "plugin_utils" / "verl_batches.py", "launch_script_batch_rules")
 ESTIMATE = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script_estimate.py", "launch_script_batch_estimate")
 # Batch sizes of a P40 launch script (micro 4 and hf generate calls of 64: the 24 GB tier before the sweep), the
 # validation batch one generate call per rank. The table holds the rules, not the defaults.

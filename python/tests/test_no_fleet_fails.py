@@ -68,3 +68,26 @@ def test_the_example_inventory_with_the_fleet_group_lists_its_hosts():
     result = site(EXAMPLE, "p40-hosts")
     assert result.returncode == 0, result.stderr
     assert "gpu-rack1-01" in result.stdout
+
+
+EMPTY_GROUP = "p40-hosts:\n  hosts: {}\nothers:\n  hosts:\n    elsewhere: {ansible_connection: local}\n"
+
+
+@pytest.mark.parametrize("config", ["checkout", "none"])
+@pytest.mark.parametrize("inventory", ["empty_group", "no_inventory"])
+def test_an_empty_fleet_group_fails_with_or_without_the_checkouts_config(tmp_path, config, inventory):
+    """site.yml's first play fails the run when p40-hosts holds no host: under the checkout's ansible.cfg, and under
+    no configuration at all (the play's own check, not ansible.cfg's [inventory] settings). Before it, an inventory
+    with an empty p40-hosts group ran nothing and exited 0 under either."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    (tmp_path / "empty.cfg").write_text("")
+    env["ANSIBLE_CONFIG"] = str(REPO_ROOT / "ansible.cfg") if config == "checkout" else str(tmp_path / "empty.cfg")
+    argv = [PLAYBOOK, str(REPO_ROOT / "site.yml")]
+    if inventory == "empty_group":
+        (tmp_path / "hosts.yml").write_text(EMPTY_GROUP)
+        argv += ["-i", str(tmp_path / "hosts.yml")]
+    elif config == "checkout":
+        argv += ["-i", "localhost,"]  # the checkout's config fails a missing inventory before any play
+    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "The inventory has no host in the group p40-hosts" in result.stdout + result.stderr, result.stdout[-3000:]

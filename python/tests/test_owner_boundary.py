@@ -22,7 +22,7 @@ INCLUDES = {
     for prefix in ("", "ansible.builtin.")
     for name in ("include_tasks", "import_tasks", "include_role", "import_role", "meta")
 }
-OWNER_RUN = "fleet_state_owner_run"
+OWNER_RUN = "p40fleet.fleet.fleet_state_owner_run"
 
 
 def tasks_of(items, where: str):

@@ -76,7 +76,7 @@ def owner_run_argvs() -> list[tuple[str, str]]:
     found = []
     for path in sorted((REPO_ROOT / "roles").glob("*/tasks/*.yml")):
         for task in walk_tasks(yaml.safe_load(path.read_text()) or []):
-            for module in ("fleet_state_owner_run", "ansible.builtin.command", "ansible.builtin.shell"):
+            for module in ("p40fleet.fleet.fleet_state_owner_run", "ansible.builtin.command", "ansible.builtin.shell"):
                 if isinstance(task.get(module), dict):
                     found.append((str(path.relative_to(REPO_ROOT)), str(task[module].get("argv", task[module]))))
     return found
@@ -98,14 +98,16 @@ def test_no_role_puts_find_links_or_an_index_on_a_command_line():
 def test_the_files_holding_find_links_are_the_owners_alone():
     for role, path in (("apex", "{{ apex_build_requirements_path }}"), ("verl", "{{ verl_lock_path }}")):
         tasks = yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / "install.yml").read_text())
-        (written,) = [t for t in tasks if t.get("fleet_state_path", {}).get("path") == path]
-        assert written["fleet_state_path"]["mode"] == "0600", role
+        (written,) = [t for t in tasks if t.get("p40fleet.fleet.fleet_state_path", {}).get("path") == path]
+        assert written["p40fleet.fleet.fleet_state_path"]["mode"] == "0600", role
 
 
 def test_the_envs_pip_conf_is_the_owners_alone():
     tasks = yaml.safe_load((REPO_ROOT / "roles" / "pytorch" / "tasks" / "install.yml").read_text())
-    (written,) = [t for t in tasks if t.get("fleet_state_path", {}).get("path") == "{{ pytorch_pip_conf_path }}"]
-    assert written["fleet_state_path"]["mode"] == "0600"
+    (written,) = [
+        t for t in tasks if t.get("p40fleet.fleet.fleet_state_path", {}).get("path") == "{{ pytorch_pip_conf_path }}"
+    ]
+    assert written["p40fleet.fleet.fleet_state_path"]["mode"] == "0600"
 
 
 def test_the_apex_builder_envs_pip_reads_its_sources_from_a_file_of_roots_alone(tmp_path):
@@ -120,9 +122,14 @@ def test_the_apex_builder_envs_pip_reads_its_sources_from_a_file_of_roots_alone(
     ]
     tasks = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "tasks" / "builder_env.yml").read_text())
     (written,) = [
-        t for t in walk_tasks(tasks) if t.get("fleet_state_path", {}).get("path") == "{{ apex_builder_pip_conf_path }}"
+        t
+        for t in walk_tasks(tasks)
+        if t.get("p40fleet.fleet.fleet_state_path", {}).get("path") == "{{ apex_builder_pip_conf_path }}"
     ]
-    assert written["fleet_state_path"]["mode"] == "0600" and written["fleet_state_path"]["owner"] == "root"
+    assert (
+        written["p40fleet.fleet.fleet_state_path"]["mode"] == "0600"
+        and written["p40fleet.fleet.fleet_state_path"]["owner"] == "root"
+    )
 
 
 def test_no_task_hands_pip_its_sources_in_the_tasks_own_environment():
@@ -142,7 +149,7 @@ def test_every_file_written_as_secret_is_its_owners_alone():
     written = []
     for path in sorted((REPO_ROOT / "roles").glob("*/tasks/*.yml")):
         for task in walk_tasks(yaml.safe_load(path.read_text()) or []):
-            options = task.get("fleet_state_path") or {}
+            options = task.get("p40fleet.fleet.fleet_state_path") or {}
             if options.get("secret"):
                 written.append((str(path.relative_to(REPO_ROOT)), options["path"], options.get("mode")))
     assert any(p == "{{ conda_env_condarc_path }}" for _, p, _ in written)  # the scan sees the .condarc

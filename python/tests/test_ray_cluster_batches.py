@@ -1,5 +1,5 @@
 """ray_cluster's judgement of a cluster job's batch sizes at its world size, table-tested without hosts: verl
-0.4.1's batch rules (the launch settings', plugins/filter/launch_script.py, whose table is
+0.4.1's batch rules (plugins/plugin_utils/verl_batches.py, whose table is
 test_launch_script_batches.py) applied to the cluster's ranks, the refusal that names the node counts that work, the
 sizes derived instead, and launch_script_environment names that verl's ray.init or the job sets again."""
 
@@ -13,8 +13,8 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 RULES = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_batches")
-# The rules' home (the launch settings' filter), whose table is test_launch_script_batches.py.
-BATCH_RULES = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "ray_cluster_batch_rules")
+# The rules' home (plugins/plugin_utils), whose table is test_launch_script_batches.py.
+BATCH_RULES = load_module(REPO_ROOT / "plugins" / "plugin_utils" / "verl_batches.py", "ray_cluster_batch_rules")
 # Batch sizes of a P40 launch script (micro 4 and hf generate calls of 64: the 24 GB tier before the sweep), the
 # validation batch one generate call per rank. The table holds the rules, not the defaults.
 P40 = {"train_batch_size": 256, "ppo_mini_batch_size": 64, "ppo_micro_batch_size_per_gpu": 4}

@@ -36,7 +36,13 @@ def tasks(node):
 
 def command_text(task: dict) -> str | None:
     """The task's command as one string (argv joined, a template as written), None for a task running none."""
-    for module in ("ansible.builtin.command", "ansible.builtin.shell", "command", "shell", "fleet_state_owner_run"):
+    for module in (
+        "ansible.builtin.command",
+        "ansible.builtin.shell",
+        "command",
+        "shell",
+        "p40fleet.fleet.fleet_state_owner_run",
+    ):
         if module in task:
             value = task[module]
             if isinstance(value, str):

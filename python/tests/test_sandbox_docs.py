@@ -1,4 +1,4 @@
-"""docs/sandbox.md's recipe for qualify and train, run as written: its commands are read from the Markdown (the sh
+"""docs/dev/sandbox.md's recipe for qualify and train, run as written: its commands are read from the Markdown (the sh
 block of "## Qualify and train") and run one by one from the checkout's root, as an operator types them, through
 this checkout's `python` and `p40fleet`. Only the sandbox's name is the test's own (`try` -> a pytest name, so
 sessions side by side do not share a fleet); the state directory is a temporary one (P40FLEET_STATE_DIR). Each
@@ -22,7 +22,7 @@ from p40fleet_dev.sandbox import Sandbox, SandboxError
 from tests import sandbox_removal
 from tests.workers import sandbox_name
 
-DOC = REPO_ROOT / "docs/sandbox.md"
+DOC = REPO_ROOT / "docs/dev/sandbox.md"
 DOC_NAME = "try"
 
 # What each command of the recipe must print, by its words (the sandbox's name left out).

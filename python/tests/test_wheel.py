@@ -21,6 +21,9 @@ from p40fleet.collection import collection_files
 from p40fleet_dev.fixtures import package_dependencies_dir
 from p40fleet_dev.paths import REPO_ROOT
 
+# Where the wheel carries the collection: p40fleet/collection/ is a collections path.
+PACKED = "p40fleet/collection/ansible_collections/p40fleet/fleet/"
+
 
 def offline_env(**extra: str) -> dict[str, str]:
     """pip without any index or configuration of the machine, Ansible without the checkout's configuration."""
@@ -69,7 +72,7 @@ def installed_env(installed) -> dict[str, str]:
 
 def test_the_wheel_carries_the_collection(wheel):
     with zipfile.ZipFile(wheel) as archive:
-        carried = sorted(n.removeprefix("p40fleet/collection/") for n in archive.namelist() if "/collection/" in n)
+        carried = sorted(n.removeprefix(PACKED) for n in archive.namelist() if n.startswith("p40fleet/collection/"))
     assert carried == collection_files(REPO_ROOT)
 
 
@@ -99,7 +102,7 @@ def test_the_installed_package_finds_its_own_roles_and_has_no_harness(installed)
     paths = json.loads(result.stdout)
     site_packages = next((installed["venv"] / "lib").glob("python3*/site-packages"))
     assert paths["checkout"] == "None"
-    assert paths["ansible_dir"] == str(site_packages / "p40fleet" / "collection")
+    assert paths["ansible_dir"] == str(site_packages / PACKED)
     assert Path(paths["site"]).is_file()
     assert paths["harness"] == []
 
@@ -115,7 +118,7 @@ def test_the_installed_package_provisions_a_sandbox_host(installed, make_sandbox
     saved_state = "/etc/ansible/facts.d/p40fleet_preflight.fact"
     assert fleet.exec("node1", f"test -e {saved_state}").returncode != 0
     env = installed_env(installed)
-    collection = next((installed["venv"] / "lib").glob("python3*/site-packages")) / "p40fleet" / "collection"
+    collection = next((installed["venv"] / "lib").glob("python3*/site-packages")) / PACKED
     p40fleet = installed["venv"] / "bin" / "p40fleet"
     argv = [p40fleet, "run", "-i", fleet.inventory_dir / "hosts.yml", "--tags", "gpu_preflight"]
     result = run(argv, cwd=installed["work"], env=env)

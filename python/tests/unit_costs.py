@@ -57,7 +57,7 @@ SHARE_SECONDS = 120.0
 REVIEWED: dict[str, str] = {
     "site-fleet": "two hosts through the whole of site.yml as a new user would, shared by every module that reads "
     "a converged host (conftest.py's site_fleet)",
-    "faults": "the fault suite's cases on one shared fleet (docs/faults.md)",
+    "faults": "the fault suite's cases on one shared fleet (docs/dev/faults.md)",
     "cuda-sandbox": "the CUDA toolkit, cuDNN and artifact fetch stages on sandbox hosts over SSH",
     "python/tests/test_verl_patches.py": "verl_patches against the real verl sdists, run by ansible-playbook",
     "python/tests/test_login_modes.py": "each login mode (sudo with and without a password, root) from a minimal "
@@ -70,7 +70,7 @@ REVIEWED: dict[str, str] = {
     "sandbox host from outside the checkout (review 2026-12-07: one converge, what the acceptance asks for)",
     "python/tests/test_cpu_verl.py": "verl 0.4.1's and transformers' real code on a CPU: rollout positions with "
     "and without the patch, validation chunks and start-up checks for 1 to 8 GPUs, each with its negative control",
-    "python/tests/test_sandbox_docs.py": "docs/sandbox.md's qualify and train recipe run as written, from `sandbox up "
+    "python/tests/test_sandbox_docs.py": "docs/dev/sandbox.md's qualify and train recipe run as written, from `sandbox up "
     "--services` to `down`: one host, seven commands, each its own ansible-playbook or podman start (proposed "
     "2026-12-07: 43 s at load average 10, 255 s at 15-19; the only test of the operator's path through the sandbox "
     "CLI)",
