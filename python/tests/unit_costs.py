@@ -70,8 +70,8 @@ REVIEWED: dict[str, str] = {
     "sandbox host from outside the checkout (review 2026-12-07: one converge, what the acceptance asks for)",
     "python/tests/test_cpu_verl.py": "verl 0.4.1's and transformers' real code on a CPU: rollout positions with "
     "and without the patch, validation chunks and start-up checks for 1 to 8 GPUs, each with its negative control",
-    "python/tests/test_sandbox_docs.py": "docs/dev/sandbox.md's qualify and train recipe run as written, from `sandbox up "
-    "--services` to `down`: one host, seven commands, each its own ansible-playbook or podman start (proposed "
+    "python/tests/test_sandbox_docs.py": "docs/dev/sandbox.md's qualify and train recipe run as written, from "
+    "`sandbox up --services` to `down`: one host, seven commands, each its own ansible-playbook or podman start (proposed "
     "2026-12-07: 43 s at load average 10, 255 s at 15-19; the only test of the operator's path through the sandbox "
     "CLI)",
     "python/tests/test_gpu_qualify.py": "playbooks/qualify.yml twice over real SSH and sudo, one recorded card per "
