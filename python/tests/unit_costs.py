@@ -71,9 +71,9 @@ REVIEWED: dict[str, str] = {
     "python/tests/test_cpu_verl.py": "verl 0.4.1's and transformers' real code on a CPU: rollout positions with "
     "and without the patch, validation chunks and start-up checks for 1 to 8 GPUs, each with its negative control",
     "python/tests/test_sandbox_docs.py": "docs/dev/sandbox.md's qualify and train recipe run as written, from "
-    "`sandbox up --services` to `down`: one host, seven commands, each its own ansible-playbook or podman start (proposed "
-    "2026-12-07: 43 s at load average 10, 255 s at 15-19; the only test of the operator's path through the sandbox "
-    "CLI)",
+    "`sandbox up --services` to `down`: one host, seven commands, each its own ansible-playbook or podman start "
+    "(reviewed 2026-12-07: 43 s at load average 10, 255 s at 15-19; the only test of the operator's path through "
+    "the sandbox CLI)",
     "python/tests/test_gpu_qualify.py": "playbooks/qualify.yml twice over real SSH and sudo, one recorded card per "
     "host, the second run judging a card from the history the first kept",
     "python/tests/test_gpu_preflight.py": "one ansible-playbook run judging every GPU setup preflight knows, one "
