@@ -3,7 +3,7 @@ and `p40fleet run --retry-failed` finishes it once it is back.
 
 `p40fleet run` takes four fresh hosts (node12-node15) through preflight and the CUDA toolkit, which installs the
 one package its installer needs itself (the prerequisites stage would add four hosts' apt transactions and nothing
-to the case).
+to the case; so would gcc-11, which their host_vars leave out: conftest.py's NO_HOST_COMPILER).
 host_trap.py, armed on node15, freezes the CUDA installer once part of the toolkit is on disk; then node15's
 container is stopped at once (an outage: no shutdown, the installer dies unfinished). Its SSH connection drops,
 so node15 is unreachable for the rest of the run while the other three carry on. node15 is started again (on
