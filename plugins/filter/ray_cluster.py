@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import itertools
 import json
 import re
 
@@ -49,11 +50,13 @@ def ray_cluster_plan(members, cluster, head="", reached=None):
     members: [{host, cluster}] for every inventory host, in inventory order (cluster '' = none);
     reached: {host: {address, profile: {name, gpu_name, gpu_count, compute_cap}, num_gpus, num_cpus}} for the hosts
     that got this far in the play. head: the inventory name chosen by variable, '' for the first member.
-    Returns {cluster, head, members: [host], nnodes, gpus_per_node, refusals: [message]}.
+    Returns {cluster, head, members: [host], nnodes, gpus_per_node, addresses: {host: fleet address}, refusals}.
     """
     reached = reached or {}
     names = [m["host"] for m in members if cluster and m.get("cluster") == cluster]
     plan = {"cluster": cluster, "head": "", "members": names, "nnodes": len(names), "gpus_per_node": 0, "refusals": []}
+    # Where each member's Ray node must be: the address it starts Ray on (the fleet interface's, p40fleet-ray-node).
+    plan["addresses"] = {n: str(reached[n]["address"]) for n in names if n in reached and reached[n].get("address")}
     if not cluster:
         return plan
     refusals = plan["refusals"]
@@ -153,10 +156,34 @@ def ray_cluster_nodes(text):
     return nodes
 
 
+def _mismatches(nodes, plan):
+    """{member: why its node is not the member's}: a member alive under its name more than once, or at an address
+    that is not its own, or another name alive at its address. A node's name and address are what its raylet told
+    GCS (any process that reaches GCS can register one), so both must be the member's. Addresses are judged where the
+    plan knows them (plan["addresses"]: every member's, when the play reached them all)."""
+    addresses = plan.get("addresses") or {}
+    alive = [n for n in nodes if n["alive"]]
+    found = {}
+    for member in plan["members"]:
+        address = addresses.get(member, "")
+        named = sorted(n["ip"] for n in alive if n["name"] == member)
+        others = sorted({n["name"] for n in alive if address and n["ip"] == address and n["name"] != member})
+        problems = []
+        if len(named) > 1:
+            problems.append(f"{member} is alive {len(named)} times (at {', '.join(named)})")
+        elif named and address and named[0] != address:
+            problems.append(f"{member} is alive at {named[0]}, its address is {address}")
+        if others:
+            problems.append(f"{', '.join(others)} alive at {member}'s address {address}")
+        if problems:
+            found[member] = _shown("; ".join(problems))
+    return found
+
+
 def ray_cluster_readiness(text, plan):
-    """Is the cluster Ray reports the planned one? Every member alive under its inventory name with
-    gpus_per_node GPUs, nnodes x gpus_per_node in all.
-    Returns {ready, message, alive, missing, short, strays, total}."""
+    """Is the cluster Ray reports the planned one? Every member alive under its inventory name, once, at its address
+    (plan["addresses"]) with gpus_per_node GPUs, nnodes x gpus_per_node in all; no other name at a member's address.
+    Returns {ready, message, alive, missing, short, strays, mismatched, total}."""
     cluster = plan["cluster"]
     try:
         nodes = ray_cluster_nodes(text)
@@ -168,9 +195,11 @@ def ray_cluster_readiness(text, plan):
             "missing": list(plan["members"]),
             "short": [],
             "strays": [],
+            "mismatched": {},
             "total": 0,
         }
     alive = {n["name"]: n for n in nodes if n["alive"]}
+    mismatched = _mismatches(nodes, plan)
     missing = [m for m in plan["members"] if m not in alive]
     short = [
         f"{m} has {alive[m]['gpus']:g}"
@@ -185,6 +214,8 @@ def ray_cluster_readiness(text, plan):
         problems.append(f"member(s) not alive in Ray: {', '.join(missing)}")
     if short:
         problems.append(f"GPUs short of {plan['gpus_per_node']} per node: {'; '.join(short)}")
+    if mismatched:
+        problems.append(f"node(s) not the member's: {'; '.join(mismatched.values())}")
     if total < wanted and not missing and not short:
         problems.append(f"{total:g} GPUs in all, {wanted} wanted")
     ready = not problems
@@ -205,6 +236,7 @@ def ray_cluster_readiness(text, plan):
         "missing": missing,
         "short": short,
         "strays": strays,
+        "mismatched": mismatched,
         "total": total,
     }
 
@@ -265,9 +297,11 @@ def ray_cluster_jobs(text):
     return sorted(jobs, key=lambda job: job["start_time"])
 
 
-def ray_cluster_status(nodes_text, jobs_text, plan):
+def ray_cluster_status(nodes_text, jobs_text, plan, firewalls=None):
     """What `p40fleet cluster status` shows: each member alive or not with its GPUs, nodes alive that are no
-    member, and the last job with its state. Either list unreadable: said in `error`, the rest still shown."""
+    member, and the last job with its state. Either list unreadable: said in `error`, the rest still shown.
+    firewalls: {member: why its live firewall is not the one root loaded} (ray_cluster_firewall_members)."""
+    firewalls = firewalls or {}
     errors = []
     try:
         nodes = ray_cluster_nodes(nodes_text)
@@ -280,6 +314,7 @@ def ray_cluster_status(nodes_text, jobs_text, plan):
         jobs = []
         errors.append(f"Ray's job list could not be read ({error})")
     alive = {n["name"]: n for n in nodes if n["alive"]}
+    mismatched = _mismatches(nodes, plan)
     members = [
         {
             "name": name,
@@ -287,6 +322,10 @@ def ray_cluster_status(nodes_text, jobs_text, plan):
             "gpus": alive[name]["gpus"] if name in alive else 0,
             "ip": alive[name]["ip"] if name in alive else "",
             "head": name == plan["head"],
+            # Alive, but its name or address is not the member's (readiness refuses it): '' when it is.
+            "mismatch": mismatched.get(name, ""),
+            # Its live nftables table is missing or not the one root loaded: '' when it is.
+            "firewall": firewalls.get(name, ""),
         }
         for name in plan["members"]
     ]
@@ -381,6 +420,60 @@ def ray_cluster_firewall(members, ports, owner_uid):
             "",
         ]
     )
+
+
+def ray_cluster_firewall_live(listed, recorded, host="this host"):
+    """Is the table the kernel holds now the one root loaded? listed: the result of `nft list table inet p40fleet_ray`
+    now ({rc, stdout, stderr}); recorded: that listing as root took it right after loading firewall.nft ('' when none
+    was taken). The file says what was meant, only the live table what is enforced: a table deleted, flushed or with a
+    rule added since (by anyone with CAP_NET_ADMIN, another tool's reload) is not p40fleet's.
+    Returns {ok, message}: message names what was found and what to do ('' when ok)."""
+    rc = listed.get("rc")
+    table = f"nftables table inet {FIREWALL_TABLE}"
+    if rc not in (0, None) or not str(listed.get("stdout") or "").strip():
+        error = str(listed.get("stderr") or listed.get("msg") or "").strip()
+        found = (
+            "missing" if rc == 1 or "No such file" in error else f"unreadable (nft exit {rc}: {_shown(error)[:200]})"
+        )
+        return {
+            "ok": False,
+            "message": f"{host}: the live {table} is {found}: Ray's ports are open to every account and address; "
+            f"re-run playbooks/cluster.yml (a cluster's member) or `p40fleet train start` (one host alone) to load it",
+        }
+    now = [line.rstrip() for line in str(listed["stdout"]).strip().splitlines()]
+    kept = [line.rstrip() for line in str(recorded or "").strip().splitlines()]
+    if not kept:
+        return {
+            "ok": False,
+            "message": f"{host}: no record of the {table} root loaded, to compare the live one with; re-run "
+            f"playbooks/cluster.yml (a cluster's member) or `p40fleet train start` (one host alone)",
+        }
+    if now != kept:
+        ends = "(the table ends)"
+        first, found, wanted = next(
+            (i, a, b) for i, (a, b) in enumerate(itertools.zip_longest(now, kept, fillvalue=ends)) if a != b
+        )
+        found, wanted = found.strip(), wanted.strip()
+        return {
+            "ok": False,
+            "message": f"{host}: the live {table} differs from the one root loaded (line {first + 1}: "
+            f"{_shown(found)!r}, loaded {wanted!r}): something changed the firewall of Ray's ports; find what did, "
+            f"then re-run playbooks/cluster.yml (a cluster's member) or `p40fleet train start` (one host alone)",
+        }
+    return {"ok": True, "message": ""}
+
+
+def ray_cluster_firewall_members(verdicts, members):
+    """{member: why not} for each member whose live table is not the one root loaded, or was not read (the host
+    failed or was left out); verdicts: {host: its ray_cluster_firewall_live verdict}. Empty: every member's holds."""
+    found = {}
+    for member in members:
+        verdict = verdicts.get(member)
+        if not isinstance(verdict, dict) or "ok" not in verdict:
+            found[member] = f"{member}: its live firewall was not read (the host failed or was left out by --limit)"
+        elif not verdict["ok"]:
+            found[member] = str(verdict.get("message") or f"{member}: its live firewall is not the one root loaded")
+    return found
 
 
 # --- A cluster job's batch sizes at its world size (python/tests/test_ray_cluster_batches.py) ---
@@ -504,6 +597,8 @@ class FilterModule:
             "ray_cluster_checkpoints_shared": ray_cluster_checkpoints_shared,
             "ray_cluster_env_collisions": ray_cluster_env_collisions,
             "ray_cluster_firewall": ray_cluster_firewall,
+            "ray_cluster_firewall_live": ray_cluster_firewall_live,
+            "ray_cluster_firewall_members": ray_cluster_firewall_members,
             "ray_cluster_plan": ray_cluster_plan,
             "ray_cluster_interface": ray_cluster_interface,
             "ray_cluster_node_environment": ray_cluster_node_environment,

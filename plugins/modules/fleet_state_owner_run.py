@@ -37,7 +37,7 @@ description:
 author: p40fleet
 options:
   owner:
-    description: The account that runs the command (the env owner; root only where the tree is root's own).
+    description: The account that runs the command (the env owner); uid 0, under any name, is refused.
     type: str
     required: true
   argv:
@@ -120,6 +120,9 @@ FIXED = ("HOME", "USER", "LOGNAME", "SHELL")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 # Enters chdir as the owner: a link the owner planted leads only where the owner could go anyway.
 CHDIR = 'cd -- "$1" || exit 126; shift; exec "$@"'
+# Set only by tests that run a role on the controller as root playing the owner (the interpreter they need lies in
+# root's 0700 home, which no other account can run): their own ansible-playbook's environment, never a role's task.
+ROOT_FOR_TESTS = "P40FLEET_TEST_ROOT_PLAYS_OWNER"
 
 
 class Refused(Exception):
@@ -190,8 +193,14 @@ def account(name: str) -> pwd.struct_passwd:
         entry = pwd.getpwnam(name)
     except KeyError:
         raise Refused(f"the account {name!r} does not exist") from None
-    # root stays possible: a tree that is root's own (verl_patches on a root checkout, a rendering run as root) has
-    # root as its owner; conda_env refuses root as the env owner.
+    # The module exists to drop root's power: an owner of uid 0 (root, or another name for it) would run the owner's
+    # files (an env's Python, its .pth hooks) with root's, whatever the caller checked.
+    if entry.pw_uid == 0 and os.environ.get(ROOT_FOR_TESTS) != "1":
+        alias = "" if entry.pw_name == "root" else " (another name for root)"
+        raise Refused(
+            f"the owner {name!r} has uid 0{alias}: this module runs the env owner's commands with the owner's "
+            f"rights alone, never root's; set the owner to the unprivileged account that owns the tree"
+        )
     return entry
 
 

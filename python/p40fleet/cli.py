@@ -299,7 +299,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         cluster.write_json(clusters, args.json)
     if run.rc != 0:
         return exit_code_for(run)
-    complete = all(m["alive"] for c in clusters.values() for m in c["members"])
+    complete = all(
+        m["alive"] and not m.get("mismatch") and not m.get("firewall") for c in clusters.values() for m in c["members"]
+    )
     return EXIT_OK if complete and not any(c.get("error") for c in clusters.values()) else EXIT_HOSTS_FAILED
 
 

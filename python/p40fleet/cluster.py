@@ -55,12 +55,21 @@ def print_status(console: Console, clusters: dict[str, dict]) -> None:
         for member in members:
             table.add_row(
                 escape(member["name"]),
-                "[green]alive[/]" if member["alive"] else "[red]not alive[/]",
+                "[red]not its node[/]"
+                if member.get("mismatch")
+                else "[green]alive[/]"
+                if member["alive"]
+                else "[red]not alive[/]",
                 f"{member['gpus']:g}",
                 escape(member["ip"]),
                 "head" if member["head"] else "worker",
             )
         console.print(table)
+        for member in members:
+            if member.get("mismatch"):
+                console.print(f"  [red]{escape(member['name'])}: {escape(member['mismatch'])}[/]", highlight=False)
+            if member.get("firewall"):
+                console.print(f"  [red]{escape(member['firewall'])}[/]", highlight=False)
         if status["strays"]:
             console.print(f"  also alive, not members: {escape(', '.join(status['strays']))}")
         job = status.get("last_job")

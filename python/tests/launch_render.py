@@ -20,6 +20,7 @@ import yaml
 
 from p40fleet.run import run_playbook
 from p40fleet_dev.paths import REPO_ROOT
+from tests.local_hosts import ROOT_PLAYS_OWNER
 from tests.pins import CUDA_HOME
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "launch_script.yml"
@@ -124,7 +125,7 @@ def render(hosts: dict[str, dict], work: Path, idempotent: bool = False) -> tupl
         }
     inventory = work / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": inventory_hosts}}))
-    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts"), **ROOT_PLAYS_OWNER}
     # The firewall of the script's own Ray is this machine's to keep, not the test's to load.
     cmdline = ["--skip-tags", "launch_script_firewall"]
     result = run_playbook(PLAYBOOK, inventory, cmdline=cmdline, envvars=envvars)
@@ -179,5 +180,5 @@ def render_ray_submit(work: Path, plan: dict, owner: str, cmdline: tuple[str, ..
     inventory = work / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {plan["head"]: host}}}))
     inventory.chmod(0o600)
-    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts"), **ROOT_PLAYS_OWNER}
     return run_playbook(RAY_SUBMIT_PLAYBOOK, inventory, cmdline=list(cmdline), envvars=envvars)

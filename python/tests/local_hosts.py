@@ -35,3 +35,8 @@ def run_verl_role(run_playbook, tmp_path: Path, extra: dict):
         **extra,
     }
     return run_playbook(playbook, inventory, extra_vars=variables, envvars={"ANSIBLE_CACHE_PLUGIN": "memory"})
+
+
+# The environment of a playbook whose local host has root play the env owner (fleet_state_owner_run refuses uid 0
+# otherwise): for tests whose interpreter lies in root's 0700 home, where no other account can run it.
+ROOT_PLAYS_OWNER = {"P40FLEET_TEST_ROOT_PLAYS_OWNER": "1"}

@@ -146,3 +146,27 @@ def test_a_reported_diff_loses_the_control_characters_its_json_escapes_decode_to
     assert "\\u001b" in stdin
     arguments = {"owner": OWNER, "argv": ["/bin/cat"], "stdin": stdin, "report_diff": True, "_ansible_diff": True}
     assert run_module.run(arguments)["diff"] == [{"after_header": "f", "before": "a]0;pwned\n", "after": "b[2Jc\n"}]
+
+
+@pytest.mark.parametrize("name", ["root", "toor"])
+def test_an_owner_of_uid_0_is_refused_under_any_name(tmp_path, monkeypatch, name):
+    # `toor`: a second passwd entry of uid 0 (BSD's habit), given as the account database would; root: the real one.
+    real = pwd.getpwnam
+    alias = pwd.struct_passwd(("toor", "x", 0, 0, "root", "/root", "/bin/sh"))
+    monkeypatch.setattr(run_module.pwd, "getpwnam", lambda account: alias if account == "toor" else real(account))
+    marker = tmp_path / "ran"
+    with pytest.raises(run_module.Refused, match=f"the owner '{name}' has uid 0") as refused:
+        run_module.run({"owner": name, "argv": ["/bin/touch", str(marker)]})
+    assert ("another name for root" in str(refused.value)) == (name == "toor")
+    assert not marker.exists()
+
+
+def test_only_the_controllers_tests_let_root_play_the_owner(monkeypatch):
+    # The tests' seam (tests.local_hosts.ROOT_PLAYS_OWNER) is their own playbook's environment: no role, playbook or
+    # plugin sets it, so on a host uid 0 is always refused.
+    monkeypatch.setenv(run_module.ROOT_FOR_TESTS, "1")
+    assert run_module.run({"owner": "root", "argv": ["/usr/bin/id", "-u"]})["stdout"] == "0\n"
+    for tree in ("roles", "playbooks", "plugins", "molecule", "inventory"):
+        for path in (REPO_ROOT / tree).rglob("*"):
+            if path.is_file() and path.name != "fleet_state_owner_run.py":
+                assert run_module.ROOT_FOR_TESTS not in path.read_text(errors="replace"), path

@@ -23,6 +23,7 @@ import yaml
 from p40fleet.fleet import smoke_results
 from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
 from tests.launch_render import parse_printed, preflight_profile, render
+from tests.local_hosts import ROOT_PLAYS_OWNER
 from tests.pins import CUDA_HOME
 
 ROLE = REPO_ROOT / "roles" / "launch_script"
@@ -375,7 +376,8 @@ def run_lone_host(tmp_path, run_playbook, **settings):
     }
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"p40": host}}}))
-    return run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f"), **ROOT_PLAYS_OWNER}
+    return run_playbook(PLAYBOOK, inventory, envvars=envvars)
 
 
 def test_an_environment_name_that_is_no_shell_name_is_refused(tmp_path, run_playbook):

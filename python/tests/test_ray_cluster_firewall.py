@@ -203,9 +203,7 @@ PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "ray_firewall.yml"
 PLAYBOOK_BIN = Path(sys.executable).with_name("ansible-playbook")
 
 
-def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
-    """tasks/firewall.yml run twice in a network namespace of its own: the rendered file, the table loaded, then
-    no change; the members' addresses come from each member's fleet interface (hostvars)."""
+def member_inventory(tmp_path):
     need_nft()
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare for a network namespace of its own")
@@ -224,18 +222,28 @@ def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
     tmp_path.chmod(0o755)  # the role's directory of its settings, as it makes it
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"head": head, "w1": w1}}}))
-    run = f"{PLAYBOOK_BIN} -i {inventory} -l head {PLAYBOOK}"
+    return f"{PLAYBOOK_BIN} -i {inventory} -l head {PLAYBOOK}"
+
+
+def in_namespace(tmp_path, script):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path))
+    return subprocess.run(
+        ["unshare", "-n", "sh", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
+    """tasks/firewall.yml run twice in a network namespace of its own: the rendered file, the table loaded (and nft's
+    listing of it kept), then no change; the members' addresses come from each member's fleet interface (hostvars)."""
+    run = member_inventory(tmp_path)
     script = f"{run} > first.log 2>&1; echo $? > first.rc; {run} > second.log 2>&1; echo $? > second.rc; " + (
         f"{NFT} list table inet p40fleet_ray > listed.txt 2>&1"
     )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg"), ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path))
-    done = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    done = in_namespace(tmp_path, script)
     assert done.returncode == 0, done.stderr
     first, second = (tmp_path / "first.log").read_text(), (tmp_path / "second.log").read_text()
     assert (tmp_path / "first.rc").read_text().strip() == "0", first[-3000:]
-    assert re.search(r"head\s*:\s*ok=\d+\s+changed=2\b", first), first[-1500:]
+    assert re.search(r"head\s*:\s*ok=\d+\s+changed=3\b", first), first[-1500:]
     assert (tmp_path / "second.rc").read_text().strip() == "0", second[-3000:]
     assert re.search(r"head\s*:\s*ok=\d+\s+changed=0\b", second), second[-1500:]
     rendered = (tmp_path / "firewall.nft").read_text()
@@ -243,3 +251,39 @@ def test_the_role_loads_its_table_once_and_a_rerun_changes_nothing(tmp_path):
     assert rendered == RULES.ray_cluster_firewall(["10.0.0.1", "10.0.0.2"], ports, OWNER_UID)
     listed = (tmp_path / "listed.txt").read_text()
     assert "10.0.0.1, 10.0.0.2" in listed and "meta skuid { 0, 4242 } accept" in listed, listed
+    assert (tmp_path / "firewall.listed").read_text() == listed
+
+
+# Changed live after root loaded it, its file untouched: a rule that admits every address to Ray's GCS, inserted
+# first; or the whole table gone. Before, a re-run saw the table present and the file unchanged and left it so, and
+# nothing read the live table before a job.
+TAMPERED = {
+    "a rule added": f"{NFT} insert rule inet p40fleet_ray input tcp dport 6379 accept",
+    "the table deleted": f"{NFT} delete table inet p40fleet_ray",
+}
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPERED))
+def test_a_live_table_changed_after_loading_is_refused_then_loaded_again(tmp_path, tamper):
+    run = member_inventory(tmp_path)
+    check = f"{run} -e firewall_entry=firewall_live.yml"
+    script = (
+        f"{run} > load.log 2>&1 && {TAMPERED[tamper]} && {check} > check.log 2>&1 && cp verdict.json tampered.json && "
+        f"{run} > reload.log 2>&1 && {check} >> check.log 2>&1 && {NFT} list table inet p40fleet_ray > listed.txt"
+    )
+    done = in_namespace(tmp_path, script)
+    logs = "".join(
+        (tmp_path / f).read_text() for f in ("load.log", "check.log", "reload.log") if (tmp_path / f).exists()
+    )
+    assert done.returncode == 0, done.stderr + logs[-3000:]
+    # What `train start` (a cluster's members) and `cluster status` read: the live table, not the file.
+    tampered = json.loads((tmp_path / "tampered.json").read_text())
+    assert tampered["ok"] is False, tampered
+    wanted = "differs from the one root loaded" if tamper == "a rule added" else "is missing"
+    assert f"head: the live nftables table inet p40fleet_ray {wanted}" in tampered["message"]
+    # What a host alone's `train start` runs before its Ray: the table loaded again, as its file says (its listing is
+    # the one kept: only the load changed something).
+    assert re.search(r"head\s*:\s*ok=\d+\s+changed=1\b", (tmp_path / "reload.log").read_text())
+    assert json.loads((tmp_path / "verdict.json").read_text()) == {"ok": True, "message": ""}
+    listed = (tmp_path / "listed.txt").read_text()
+    assert "tcp dport 6379 accept" not in listed and listed == (tmp_path / "firewall.listed").read_text()

@@ -1,8 +1,9 @@
 """ray_cluster's network measurement (entry point `network`, tasks/network.yml) run by Ansible on two members at once,
 on this machine: each "host" is a local connection with a root-owned ray.env of its own, as playbooks/cluster.yml
 writes it; the CPU venv (the hosts' torch) stands in for the env, so the all-reduce is the role's script over
-loopback with gloo, started by fleet_state_owner_run. Root plays the env owner: the CPU venv's interpreter lies
-where no other account can run it (the switch to the owner is test_fleet_state_owner_run.py's). No containers."""
+loopback with gloo, started by fleet_state_owner_run. Root plays the env owner (local_hosts.ROOT_PLAYS_OWNER): the
+CPU venv's interpreter lies where no other account can run it (the switch to the owner is
+test_fleet_state_owner_run.py's). No containers."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 
 from p40fleet_dev import cpu_venv
 from p40fleet_dev.paths import REPO_ROOT
+from tests.local_hosts import ROOT_PLAYS_OWNER
 from tests.source_modules import load_module
 
 pytestmark = pytest.mark.skipif(
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 FIREWALL = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster.py", "ray_cluster_firewall_for_network")
+ROOT = ROOT_PLAYS_OWNER
 PLAYBOOK = """
 - name: Measure the network between the cluster's members
   hosts: all
@@ -97,7 +100,7 @@ SMALL = {
 def test_both_members_measure_at_once_and_publish_the_heads_result(tmp_path, run_playbook):
     port = free_port()
     playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {}}, port)
-    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port})
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port}, envvars=ROOT)
     assert not result.failures, result.stdout[-3000:]
     published = {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in ("m0", "m1")}
     assert published["m0"] == published["m1"]
@@ -111,7 +114,7 @@ def test_both_members_measure_at_once_and_publish_the_heads_result(tmp_path, run
 def test_a_member_formed_into_another_cluster_stops_both_before_any_all_reduce(tmp_path, run_playbook):
     port = free_port()
     playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {"P40FLEET_RAY_CLUSTER": "other"}}, port)
-    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port})
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port}, envvars=ROOT)
     failed = {f.host: f.message for f in result.failures}
     assert set(failed) == {"m0", "m1"}, result.stdout[-3000:]
     for message in failed.values():
@@ -123,7 +126,7 @@ def test_qualify_skips_a_cluster_not_formed_yet_and_says_so(tmp_path, run_playbo
     port = free_port()
     playbook, inventory = fleet(tmp_path, {"m0": None, "m1": None}, port)
     extra = {**SMALL, "ray_cluster_network_port": port, "ray_cluster_network_unformed": "skip"}
-    result = run_playbook(playbook, inventory, extra_vars=extra)
+    result = run_playbook(playbook, inventory, extra_vars=extra, envvars=ROOT)
     assert not result.failures, result.stdout[-3000:]
     for host in ("m0", "m1"):
         published = json.loads((tmp_path / f"{host}.json").read_text())
@@ -134,7 +137,7 @@ def test_a_head_whose_firewall_leaves_the_meeting_port_open_is_refused(tmp_path,
     """A cluster formed before the port joined the firewall: the all-reduce would meet on a port anyone reaches."""
     port = free_port()
     playbook, inventory = fleet(tmp_path, {"m0": {}, "m1": {}}, None)
-    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port})
+    result = run_playbook(playbook, inventory, extra_vars={**SMALL, "ray_cluster_network_port": port}, envvars=ROOT)
     failed = {f.host: f.message for f in result.failures}
     assert set(failed) == {"m0", "m1"}, result.stdout[-3000:]
     assert (

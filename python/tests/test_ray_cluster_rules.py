@@ -64,7 +64,8 @@ def test_plan(head, reached, want_head, refusal):
 
 def test_plan_of_a_host_in_no_cluster_is_empty():
     plan = RULES.ray_cluster_plan(THREE, "", "", {})
-    assert plan == {"cluster": "", "head": "", "members": [], "nnodes": 0, "gpus_per_node": 0, "refusals": []}
+    empty = {"cluster": "", "head": "", "members": [], "nnodes": 0, "gpus_per_node": 0, "refusals": []}
+    assert plan == {**empty, "addresses": {}}
 
 
 INTERFACES = {"lo": ["127.0.0.1"], "eth0": ["10.89.0.5"], "docker0": ["172.17.0.1"], "wg0": []}
@@ -111,6 +112,7 @@ def node(name, ip, state="ALIVE", gpus=1.0, head=False):
 
 
 PLAN = {"cluster": "c1", "head": "a", "members": ["a", "b", "c"], "nnodes": 3, "gpus_per_node": 1, "refusals": []}
+PLAN["addresses"] = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}
 HEALTHY = [node("a", "10.0.0.1", head=True), node("b", "10.0.0.2"), node("c", "10.0.0.3")]
 
 
@@ -131,6 +133,37 @@ def test_readiness(nodes, ready, missing, message):
     assert verdict["ready"] is ready
     assert verdict["missing"] == missing
     assert message in verdict["message"]
+
+
+# A node's name and address are what its raylet told GCS: any process that reaches GCS (a member's owner, another
+# cluster's node) can register one under a member's name, or take a member's address under another name. Before,
+# a member counted as ready by its name alone, and the last node of a name won.
+@pytest.mark.parametrize(
+    ("nodes", "why"),
+    [
+        ([*HEALTHY[:2], node("c", "10.0.0.9")], "c is alive at 10.0.0.9, its address is 10.0.0.3"),
+        ([*HEALTHY, node("c", "10.0.0.9")], "c is alive 2 times (at 10.0.0.3, 10.0.0.9)"),
+        ([*HEALTHY[:2], node("c", "10.0.0.3"), node("c", "10.0.0.3")], "c is alive 2 times (at 10.0.0.3, 10.0.0.3)"),
+        ([*HEALTHY, node("z", "10.0.0.3")], "z alive at c's address 10.0.0.3"),
+        (
+            [*HEALTHY[:2], node("z", "10.0.0.3"), node("c", "10.0.0.9")],
+            "c is alive at 10.0.0.9, its address is 10.0.0.3",
+        ),
+    ],
+)
+def test_readiness_refuses_a_node_whose_name_or_address_is_not_its_members(nodes, why):
+    verdict = RULES.ray_cluster_readiness(json.dumps(nodes), PLAN)
+    assert verdict["ready"] is False
+    assert f"not ready: node(s) not the member's: {why}" in verdict["message"]
+    assert why in verdict["mismatched"]["c"]
+    status = RULES.ray_cluster_status(json.dumps(nodes), "[]", PLAN)
+    assert why in status["members"][2]["mismatch"] and not status["members"][0]["mismatch"]
+
+
+def test_plan_keeps_the_address_each_member_starts_ray_on():
+    members = [{"host": "a", "cluster": "c1"}, {"host": "b", "cluster": "c1"}]
+    reached = {h: {"address": f"10.0.0.{i}", "num_gpus": 1} for i, h in enumerate("ab", 1)}
+    assert RULES.ray_cluster_plan(members, "c1", "", reached)["addresses"] == {"a": "10.0.0.1", "b": "10.0.0.2"}
 
 
 @pytest.mark.parametrize(
@@ -287,3 +320,52 @@ def test_cluster_status_reads_the_heads_published_status():
         },
     ]
     assert statuses(events) == {"c1": published}
+
+
+def test_cluster_status_shows_a_member_whose_node_is_not_its_own():
+    from rich.console import Console
+
+    from p40fleet.cluster import print_status
+
+    status = RULES.ray_cluster_status(json.dumps([*HEALTHY[:2], node("c", "10.0.0.9")]), "[]", PLAN)
+    console = Console(record=True, width=200)
+    print_status(console, {"c1": status})
+    shown = console.export_text()
+    assert "not its node" in shown and "c: c is alive at 10.0.0.9, its address is 10.0.0.3" in shown
+
+
+LISTED = "table inet p40fleet_ray {\n\tset ports {\n\t\ttype inet_service\n\t}\n}\n"
+
+
+@pytest.mark.parametrize(
+    ("listed", "recorded", "ok", "message"),
+    [
+        ({"rc": 0, "stdout": LISTED}, LISTED, True, ""),
+        ({"rc": 0, "stdout": LISTED + "\n"}, LISTED.rstrip(), True, ""),
+        ({"rc": 1, "stdout": "", "stderr": "Error: No such file or directory"}, LISTED, False, "is missing"),
+        ({"rc": 2, "stdout": "", "msg": "[Errno 2] nft"}, LISTED, False, "is unreadable (nft exit 2: [Errno 2] nft)"),
+        ({"rc": 0, "stdout": LISTED}, "", False, "no record of the nftables table inet p40fleet_ray root loaded"),
+        (
+            {"rc": 0, "stdout": LISTED.replace("\t\ttype inet_service\n", "\t\ttcp dport 6379 accept\n")},
+            LISTED,
+            False,
+            "differs from the one root loaded (line 3: 'tcp dport 6379 accept', loaded 'type inet_service')",
+        ),
+        ({"rc": 0, "stdout": LISTED[:-3]}, LISTED, False, "(line 5: '(the table ends)', loaded '}')"),
+    ],
+)
+def test_firewall_live(listed, recorded, ok, message):
+    verdict = RULES.ray_cluster_firewall_live(listed, recorded, "n1")
+    assert verdict["ok"] is ok
+    assert message in verdict["message"] and (ok or verdict["message"].startswith("n1: "))
+
+
+def test_firewall_members_names_each_member_not_ok_or_not_read():
+    verdicts = {"a": {"ok": True, "message": ""}, "b": {"ok": False, "message": "b: the live table is missing"}}
+    assert RULES.ray_cluster_firewall_members(verdicts, ["a", "b", "c"]) == {
+        "b": "b: the live table is missing",
+        "c": "c: its live firewall was not read (the host failed or was left out by --limit)",
+    }
+    assert RULES.ray_cluster_firewall_members(verdicts, ["a"]) == {}
+    status = RULES.ray_cluster_status(json.dumps(HEALTHY), "[]", PLAN, {"b": "b: the live table is missing"})
+    assert [m["firewall"] for m in status["members"]] == ["", "b: the live table is missing", ""]

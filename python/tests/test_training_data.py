@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, STANDINS_DIR, UPSTREAM_DIR
+from tests.local_hosts import ROOT_PLAYS_OWNER
 from tests.source_modules import load_module, load_owner_script, owner_script_text
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "training_data.yml"
@@ -195,7 +196,7 @@ def provisioned(tmp_path_factory, run_playbook, data_env, hub):
     (work / "p40fleet").mkdir()
     inventory = work / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
-    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts")}
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts"), **ROOT_PLAYS_OWNER}
     first = run_playbook(PLAYBOOK, inventory, envvars=envvars)
     second = run_playbook(PLAYBOOK, inventory, envvars=envvars)
     seen = [json.loads(line) for line in (work / "spy" / "seen.jsonl").read_text().splitlines()]
@@ -330,7 +331,9 @@ def test_files_from_the_controller_reach_the_owners_directories_through_roots_st
     }
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
-    result = run_playbook(PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f")})
+    result = run_playbook(
+        PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "f"), **ROOT_PLAYS_OWNER}
+    )
     assert result.rc == 0, result.stdout[-4000:]
     root = tmp_path / "p40fleet"
     assert (root / "data" / "gsm8k" / "train.parquet").is_file()

@@ -6,8 +6,12 @@ tag can be moved without a sandbox. The same check runs over any transport: it r
 
 from __future__ import annotations
 
+import shutil
 import subprocess
-import sys
+import tempfile
+from pathlib import Path
+
+import pytest
 
 from tests.local_hosts import run_verl_role
 from tests.pins import VERL_COMMIT, role_defaults
@@ -35,10 +39,24 @@ def test_defaults_pin_the_commit_of_the_pinned_release() -> None:
     assert defaults["verl_expected_commit"] == PINNED
 
 
+@pytest.fixture
+def shared(tmp_path):
+    """A directory the env owner (`nobody`, never root: fleet_state_owner_run refuses uid 0) can reach: tmp_path's
+    parents are root's 0700."""
+    path = Path(tempfile.mkdtemp(prefix="p40fleet-verl-commit-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
 def run_verl(run_playbook, tmp_path, repo, expected: str):
+    # The owner clones it: git refuses a local repository of another account's ("dubious ownership").
+    subprocess.run(["chown", "-R", "nobody", str(repo)], check=True)
     extra = {
-        "conda_env_python": sys.executable,
-        "conda_env_owner": "root",
+        # The system Python, which the owner can run (the test's venv lies under root's 0700 home); the probe needs
+        # only its standard library.
+        "conda_env_python": "/usr/bin/python3",
+        "conda_env_owner": "nobody",
         "conda_env_python_version": "3.11",
         "verl_git_url": str(repo),
         "verl_expected_commit": expected,
@@ -64,7 +82,8 @@ def make_repo(tmp_path):
     return repo, released, git("rev-parse", "HEAD", cwd=repo)
 
 
-def test_a_moved_tag_is_refused_before_anything_is_installed(run_playbook, tmp_path) -> None:
+def test_a_moved_tag_is_refused_before_anything_is_installed(run_playbook, shared) -> None:
+    tmp_path = shared
     repo, released, moved = make_repo(tmp_path)
     result = run_verl(run_playbook, tmp_path, repo, released)
     assert result.rc != 0
@@ -75,7 +94,8 @@ def test_a_moved_tag_is_refused_before_anything_is_installed(run_playbook, tmp_p
     assert not (tmp_path / "env" / "p40fleet-verl-dependencies.lock.txt").exists()
 
 
-def test_no_commit_pin_is_refused_a_tag_alone_is_never_trusted(run_playbook, tmp_path) -> None:
+def test_no_commit_pin_is_refused_a_tag_alone_is_never_trusted(run_playbook, shared) -> None:
+    tmp_path = shared
     repo, _, _ = make_repo(tmp_path)
     result = run_verl(run_playbook, tmp_path, repo, "")
     assert result.rc != 0

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import REPO_ROOT, UPSTREAM_DIR
+from tests.local_hosts import ROOT_PLAYS_OWNER
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "verl_patches.yml"
 SDIST_DIR = UPSTREAM_DIR / "sdist"
@@ -196,12 +197,14 @@ def play(run_playbook):
             "verl_patches_source_dir": str(ws.src),
             "verl_patches_state_dir": str(ws.state),
             "verl_patches_python": "/usr/bin/python3",
+            # The test's own files, in root's temporary directory: root plays the checkout's owner.
+            "verl_patches_source_owner": "root",
         }
         if profile is not None:
             extra["verl_patches_profile"] = profile
         extra.update(kwargs.pop("extra_vars", {}))
         # Keep this run's cached facts out of the repository's fact cache.
-        envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(ws.facts)}
+        envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(ws.facts), **ROOT_PLAYS_OWNER}
         return run_playbook(PLAYBOOK, ws.inventory, extra_vars=extra, envvars=envvars, **kwargs)
 
     return run
