@@ -78,10 +78,13 @@ SANDBOX_DISK_GIB = 1
 # Hosts a sandbox starts side by side.
 START_WORKERS = 4
 
-# Podman 4.3 on Debian 12: crun fails on hybrid cgroups and setrlimit needs explicit ulimits.
+# Podman 4.3 on Debian 12: crun fails on hybrid cgroups and setrlimit needs explicit ulimits. nproc counts every
+# thread of a uid machine-wide, and the hosts' env owners share one uid on this machine: at 1024, two sandboxes running
+# Ray side by side (its gRPC threads) ran out ("pthread_create failed: Resource temporarily unavailable") and their
+# nodes never came up. 32768 is of a real host's order (a Debian host's default is threads-max / 2).
 CONTAINERS_CONF = """\
 [containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+default_ulimits = ["nofile=1024:1024", "nproc=32768:32768"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
