@@ -77,15 +77,25 @@ def test_a_url_whose_credentials_cannot_be_kept_apart_is_refused_without_showing
     assert SECRET not in str(raised.value) and "a%0Ab" not in str(raised.value)
 
 
-def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin():
+def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin_as_a_throwaway_account():
     found = []
-    for role, tasks in (("apex", "build.yml"), ("verl", "install.yml")):
+    for role, tasks, account in (
+        ("apex", "build.yml", "apex_build_account"),
+        ("verl", "checkout.yml", "verl_fetch_account"),
+    ):
         for task in walk_tasks(yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / tasks).read_text())):
             run = task.get("p40fleet.fleet.fleet_state_owner_run") or {}
-            if "fleet_state_git_checkout.sh" in str(run.get("argv")):
+            if "fleet_state_git_checkout.sh" in str(run.get("argv")) and "stdin" in run:
                 assert run["argv"][4] == f"{{{{ {role}_git_remote.url }}}}", role
                 assert run["stdin"] == f"{{{{ {role}_git_remote.stdin }}}}", role
+                # Never the env owner, whose git configuration and processes could read them.
+                assert run["owner"] == f"{{{{ {account} }}}}", role
                 found.append(role)
+            elif "fleet_state_git_checkout.sh" in str(run.get("argv")):
+                # verl's owner fetches from root's bundle, with no credentials, keeping the bare URL as origin.
+                assert (role, run["owner"]) == ("verl", "{{ conda_env_owner }}")
+                assert run["argv"][4] == "{{ verl_fetch_stage_dir }}/verl.bundle"
+                assert run["argv"][-1] == "{{ verl_git_remote.url }}"
     assert found == ["apex", "verl"]
 
 
