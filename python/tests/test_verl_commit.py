@@ -12,6 +12,7 @@ checkouts may run beside it on this machine.
 from __future__ import annotations
 
 import pwd
+import random
 import shutil
 import subprocess
 import tempfile
@@ -73,6 +74,7 @@ def run_verl(run_playbook, tmp_path, repo, expected: str, owner: str = "nobody",
         "verl_checkout_dir": str(tmp_path / "checkout"),
         "verl_flash_attn_shim_dir": str(tmp_path / "shim"),
         "verl_fetch_account": account or throwaway_name(),
+        "verl_fetch_account_uid": free_uid(),
         "p40fleet_state_dir": str(tmp_path / "state"),
     }
     return run_verl_role(run_playbook, tmp_path, extra)
@@ -80,6 +82,13 @@ def run_verl(run_playbook, tmp_path, repo, expected: str, owner: str = "nobody",
 
 def throwaway_name() -> str:
     return f"p40t-{uuid.uuid4().hex[:10]}"
+
+
+def free_uid() -> str:
+    """A uid no account here has, far above the system and login ranges: the sandbox containers share this machine's
+    uids, and a `pkill -u` of an account at, say, 999 would kill their env owner's processes too."""
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    return str(random.choice([uid for uid in range(61000, 64000) if uid not in taken]))
 
 
 def account_exists(name: str) -> bool:
@@ -155,7 +164,8 @@ def hostile_owner(shared):
     counts the requests that bring the clone's credentials."""
     name = throwaway_name()
     home = shared / "owner-home"
-    subprocess.run(["useradd", "--home-dir", str(home), "--create-home", "--shell", "/bin/sh", name], check=True)
+    made = ["useradd", "--uid", free_uid(), "--home-dir", str(home), "--create-home", "--shell", "/bin/sh", name]
+    subprocess.run(made, check=True)
     seen = {"command_lines": [], "authorized": 0}
     (shared / "owner-served").mkdir()
     server, thread = serve(partial(AuthHandler, seen=seen, directory=str(shared / "owner-served")))
