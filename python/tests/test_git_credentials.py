@@ -25,7 +25,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.source_modules import load_module
+from tests.source_modules import load_module, run_module_main
 from tests.test_pip_credentials import rendered, walk_tasks
 
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "fleet_state.py", "fleet_state_filters")
@@ -226,7 +226,7 @@ def test_wrong_credentials_fail_without_a_prompt_and_without_showing_them(served
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another account needs root")
-def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials(served, monkeypatch, capsys):
+def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials(served):
     """As the roles run it: fleet_state_owner_run starts the script as another account (`nobody` plays the owner)."""
     run_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_owner_run.py", "fleet_state_owner_run")
     remote = rules.fleet_state_git_remote(served.url, "node7")
@@ -248,12 +248,9 @@ def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials
             "environment": {"GIT_CONFIG_NOSYSTEM": "1"},
             "host": "node7",
         }
-        monkeypatch.setattr(run_module, "ARGUMENTS", json.dumps(arguments))
-        with pytest.raises(SystemExit) as exited:
-            run_module.main()
-        printed = capsys.readouterr().out
-        result = json.loads(printed)
-        assert exited.value.code == 0, result
+        result = run_module_main(run_module, arguments)
+        printed = json.dumps(result)
+        assert result["rc"] == 0, result
         assert f"after={served.commit}" in result["stdout"]
         assert served.seen["authorized"] > 0
         assert SECRET not in printed
