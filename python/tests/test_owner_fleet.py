@@ -16,6 +16,8 @@ changes), started with the stand-in service manager.
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 import yaml
@@ -23,7 +25,6 @@ import yaml
 from p40fleet import api, cli
 from p40fleet_dev import images, standins
 from tests.test_state_refresh import drift
-from tests.test_train_runs import wait_until
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
 
@@ -119,16 +120,15 @@ def test_a_training_run_runs_as_the_owner_to_its_end(fleet, tmp_path, capsys, mo
     unit = fleet.exec("node1", "grep -x 'User=.*' /etc/systemd/system/p40fleet-train-gsm8k.service").stdout
     assert unit.split() == [f"User={OWNER}"]
 
-    said = []
-
-    def finished() -> bool:
-        said.append(p40fleet(fleet, tmp_path, capsys, monkeypatch, "train", "status"))
-        return "node1 gsm8k: finished" in said[-1][1]
-
-    wait_until(finished, timeout=120)
-    code, out = said[-1]
-    assert code == cli.EXIT_OK, out
     log = f"/home/{OWNER}/.p40fleet/train/gsm8k.log"
+    deadline = time.monotonic() + 120
+    code, out = p40fleet(fleet, tmp_path, capsys, monkeypatch, "train", "status")
+    while not re.search("node1 gsm8k: (finished|failed)", out):
+        assert time.monotonic() < deadline, out
+        time.sleep(2)
+        code, out = p40fleet(fleet, tmp_path, capsys, monkeypatch, "train", "status")
+    journal = "/var/log/p40fleet-standin-systemd/p40fleet-train-gsm8k.service.log"
+    assert code == cli.EXIT_OK, (out, fleet.exec("node1", f"tail -n 20 {log} {journal}").stdout)
     assert f"node1 gsm8k: finished · step {STEPS} of {STEPS} · " in out and f"node1:{log}" in out, out
     # What the run made is the owner's, seen from the host; nothing is the default owner's.
     checkpoints = f"/home/{OWNER}/standin-checkpoints"
