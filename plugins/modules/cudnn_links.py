@@ -11,7 +11,7 @@ runs it as root, with the lists its own probe (cudnn_probe.py, root's, read-only
 - `remove`: links to remove. Only a symlink is removed; anything else there is refused, naming it (the probe lists
   links only: what is there now is not what it saw).
 Check mode acts on nothing and reports what would change. It runs once per cuDNN converge, not on every run: an
-AnsibleModule with an argument_spec, the collection's one style for root-side modules (docs/extending.md).
+AnsibleModule with an argument_spec, the collection's one style for root-side modules (docs/extending-modules.md).
 """
 
 from __future__ import annotations

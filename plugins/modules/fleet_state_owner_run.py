@@ -11,10 +11,10 @@ but PYTHONNOUSERSITE=1 for Pythons started through a shebang; a Python the task 
 the owner, after the switch. Only rc, stdout and stderr come back, each capped in size and stripped of control
 characters: strings in a result root builds, never facts, never a module result the owner wrote.
 
-An AnsibleModule with an argument_spec (docs/extending.md). `stdin` (a token, git credentials) is a no_log option:
-Ansible masks its text wherever it appears in the result. `environment` is not, as Ansible would mask each of its
-values (a "2", a "/usr/bin") in every output string; it is kept out of the result's invocation instead, as stdin is,
-and the module is no_log=True, so the invocation is never written to the host's journal.
+An AnsibleModule with an argument_spec (docs/extending-modules.md). `stdin` (a token, git credentials) is a no_log
+option: Ansible masks its text wherever it appears in the result. `environment` is not, as Ansible would mask each of
+its values (a "2", a "/usr/bin") in every output string; it is kept out of the result's invocation instead, as stdin
+is, and the module is no_log=True, so the invocation is never written to the host's journal.
 """
 
 from __future__ import annotations

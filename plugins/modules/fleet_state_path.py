@@ -24,7 +24,7 @@ of its own, its options over the task's, checked and acted on in order as if it 
 stops the batch. In diff mode (`--diff`, with `--check` too) a file's result carries a diff of its content
 as ansible.builtin.copy's does, the values of a `secret` file masked.
 
-An AnsibleModule with an argument_spec (docs/extending.md), with three of the library's habits turned off, each
+An AnsibleModule with an argument_spec (docs/extending-modules.md), with three of the library's habits turned off, each
 for a reason: a result's `path` is not stat-ed for file facts (add_path_info follows the very links the walk
 refused, and would report what a planted link points at); the invocation is not written to the host's journal
 (no_log=True: a batch's or a file's content may be a credential); and content is not a no_log option, since

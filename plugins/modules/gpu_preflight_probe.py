@@ -10,7 +10,7 @@ It runs on every host on every run, so it is a plain script: Ansible writes the 
 ARGUMENTS below (its JSON-arguments module style) and pipes the script to the host's Python. Built on Ansible's
 module library, the same probe costs several times the host's CPU, as that library is unpacked and imported on
 every call (docs/benchmarks-code.md). So it is one of the two named exceptions to the collection's AnsibleModule
-rule (docs/extending.md): its action (plugins/action/gpu_preflight_probe.py) checks the task's options against
+rule (docs/extending-modules.md): its action (plugins/action/gpu_preflight_probe.py) checks the task's options against
 the module's argument_spec on the controller, and this script checks again what it reads.
 """
 

@@ -73,7 +73,7 @@ def test_ansible_doc_renders_every_plugin_by_its_full_name(kind, tmp_path):
                 assert entry.get("examples") and entry.get("return"), f"{name}: EXAMPLES and RETURN"
 
 
-# Root's code on a host is an AnsibleModule built with the module's ARGUMENT_SPEC (docs/extending.md, "A module").
+# Root's code on a host is an AnsibleModule built with the module's ARGUMENT_SPEC (docs/extending-modules.md).
 # The named exceptions have an action of their name that checks the task's options with Ansible's validator against
 # its ARGUMENT_SPEC on the controller: the two probes every run executes on every host (plain JSON-arguments
 # scripts: the module library would cost each host several times their CPU, docs/benchmarks-code.md) and the
@@ -112,7 +112,7 @@ def test_every_module_checks_its_documented_options_with_one_argument_spec(name)
         spec_path = module_path
         assert calls_with_the_spec(spec_path, "AnsibleModule"), (
             f"{name} builds no AnsibleModule(argument_spec=ARGUMENT_SPEC): make it one, or name it an exception "
-            "(VALIDATED_BY_ACTION and docs/extending.md) with its reason"
+            "(VALIDATED_BY_ACTION and docs/extending-modules.md) with its reason"
         )
     spec = load_module(spec_path, f"spec_{name}_{spec_path.parent.name}").ARGUMENT_SPEC
     documented = yaml.safe_load(load_module(module_path, f"doc_{name}").DOCUMENTATION)["options"]
