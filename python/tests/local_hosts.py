@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pwd
 import sys
+import uuid
 from pathlib import Path
 
 from p40fleet_dev.paths import REPO_ROOT
@@ -40,3 +42,16 @@ def run_verl_role(run_playbook, tmp_path: Path, extra: dict):
 # The environment of a playbook whose local host has root play the env owner (fleet_state_owner_run refuses uid 0
 # otherwise): for tests whose interpreter lies in root's 0700 home, where no other account can run it.
 ROOT_PLAYS_OWNER = {"P40FLEET_TEST_ROOT_PLAYS_OWNER": "1"}
+
+
+def throwaway_name() -> str:
+    """A fresh name for a role's throwaway account: tests of other workers make theirs at the same time."""
+    return f"p40t-{uuid.uuid4().hex[:10]}"
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

@@ -16,14 +16,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.local_hosts import run_verl_role
+from tests.local_hosts import account_exists, run_verl_role, throwaway_name
 from tests.pins import VERL_COMMIT, role_defaults
 from tests.test_git_credentials import AuthHandler
 
@@ -76,18 +75,6 @@ def run_verl(run_playbook, tmp_path, repo, expected: str, owner: str = "nobody",
         "p40fleet_state_dir": str(tmp_path / "state"),
     }
     return run_verl_role(run_playbook, tmp_path, extra)
-
-
-def throwaway_name() -> str:
-    return f"p40t-{uuid.uuid4().hex[:10]}"
-
-
-def account_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def make_repo(tmp_path):
