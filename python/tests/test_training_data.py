@@ -34,7 +34,7 @@ TOOL = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_tool.py"
 HUB_SCRIPT = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_hub.py"
 HUB_SERVER = STANDINS_DIR / "hub_server.py"
 HUB_CONTENT = STANDINS_DIR / "hub_content.py"
-DATA_ENV_PACKAGES = ["pyarrow", "huggingface_hub"]
+DATA_ENV_PACKAGES = ["pyarrow"]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -63,7 +63,7 @@ def test_an_answer_without_a_number_is_refused():
 
 @pytest.fixture(scope="module")
 def data_env() -> Path:
-    """A venv with the real pyarrow and huggingface_hub wheels (what verl's dependency set brings)."""
+    """A venv with the real pyarrow wheel (what verl's dependency set brings): the env's side needs no hub client."""
     wheels = UPSTREAM_DIR / "wheel"
     key = hashlib.sha256("\n".join(sorted(p.name for p in wheels.glob("*.whl"))).encode()).hexdigest()[:12]
     env = CACHE_DIR / "test-envs" / f"training-data-{key}"
@@ -203,7 +203,7 @@ for place in places:
                 pass
 with open(spy / "seen.jsonl", "a") as out:
     out.write(json.dumps({"action": sys.argv[2], "ps": token in listing, "files": files,
-                          "listed": b"training_data_tool" in listing or b"snapshot_download" in listing}) + "\n")
+                          "listed": b"training_data_tool" in listing}) + "\n")
 """
 
 
@@ -320,7 +320,9 @@ def test_the_token_is_in_no_file_the_run_left(provisioned, hub):
 
 def test_while_the_downloads_run_the_token_is_in_no_file_and_no_process_listing(provisioned):
     # A regression: the token was handed over as a file of the owner's (readable by the account that runs other
-    # people's code all day) for the whole download; it now reaches the download's process on its stdin only.
+    # people's code all day) for the whole download; it now reaches the throwaway account's download on its stdin
+    # only. The search runs as each of the owner's steps starts (the conversion and the model's check, which the
+    # downloads were part of): the staged files and the owner's copies hold no token.
     seen = provisioned["seen"]
     assert sorted(s["action"] for s in seen) == ["dataset", "model"], seen
     assert all(s["listed"] for s in seen), "the search did not see the download's own process"

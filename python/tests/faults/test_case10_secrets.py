@@ -55,7 +55,7 @@ def test_no_process_list_showed_either_secret(first_converge):
     assert sampler.samples > 200 and sampler.host_samples > 20, (sampler.samples, sampler.host_samples)
     assert sampler.saw(b"ansible-playbook")
     assert sampler.saw(b"sudo -H -S")  # become with a password: sudo reads it on its stdin
-    assert sampler.saw(b"snapshot_download")  # the model download, the one step that hands the token over
+    assert sampler.saw(b"training_data_hub.py")  # the throwaway account's hub downloads: the token's one step
     assert sampler.hits == []
 
 
