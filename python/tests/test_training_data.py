@@ -16,6 +16,7 @@ import os
 import pwd
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -89,9 +90,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving_hub(root: Path, data_env: Path, tampered: bool = False):
+def serving_hub(root: Path, data_env: Path, tampered: bool = False, tls_cert: Path | None = None):
     """The Hub stand-in on loopback over a fresh copy of the content, its model gated by a fresh token. Large files
-    redirect to `localhost` (another origin, as the Hub's CDN is), which refuses a request with a token."""
+    redirect to `localhost` (another origin, as the Hub's CDN is), which refuses a request with a token. With
+    TLS_CERT (PEM, key included) it serves https."""
     subprocess.run([str(data_env), str(HUB_CONTENT), str(root)], check=True)
     token = "hf_" + secrets.token_hex(16)
     (root / "models" / content.MODEL_REPO / ".gated-token").write_text(token)
@@ -99,9 +101,11 @@ def serving_hub(root: Path, data_env: Path, tampered: bool = False):
         (root / "models" / content.MODEL_REPO / ".tampered").write_text("")
     port = free_port()
     command = [sys.executable, str(HUB_SERVER), "--bind", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen([*command, "--directory", str(root), "--hub-root", str(root), "--cdn-host", "localhost"])
+    command += ["--directory", str(root), "--hub-root", str(root), "--cdn-host", "localhost"]
+    server = subprocess.Popen(command + (["--tls-cert", str(tls_cert)] if tls_cert else []))
+    context = ssl.create_default_context(cafile=str(tls_cert)) if tls_cert else None
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if tls_cert else 'http'}://127.0.0.1:{port}"
         for _ in range(100):
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -111,8 +115,9 @@ def serving_hub(root: Path, data_env: Path, tampered: bool = False):
         request = urllib.request.Request(
             f"{url}/api/models/{content.MODEL_REPO}", headers={"Authorization": f"Bearer {token}"}
         )
-        model_commit = json.load(urllib.request.urlopen(request))["sha"]
-        dataset_commit = json.load(urllib.request.urlopen(f"{url}/api/datasets/{content.GSM8K_REPO}"))["sha"]
+        model_commit = json.load(urllib.request.urlopen(request, context=context))["sha"]
+        datasets = f"{url}/api/datasets/{content.GSM8K_REPO}"
+        dataset_commit = json.load(urllib.request.urlopen(datasets, context=context))["sha"]
         yield {"url": url, "token": token, "model": model_commit, "dataset": dataset_commit, "root": root}
     finally:
         server.terminate()
@@ -362,30 +367,73 @@ def hub_script(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 
 
 def test_a_gated_model_without_the_token_fails_with_the_hubs_error(hub):
-    listed = hub_script("list", hub["url"], "model", content.MODEL_REPO, hub["model"])
+    listed = hub_script("list", hub["url"], "", "model", content.MODEL_REPO, hub["model"])
     assert listed.returncode == 1 and b"HTTP 401 GatedRepo" in listed.stderr, listed.stderr
-    got = hub_script("get", hub["url"], "model", content.MODEL_REPO, hub["model"], "config.json", "100000")
+    got = hub_script("get", hub["url"], "", "model", content.MODEL_REPO, hub["model"], "config.json", "100000")
     assert got.returncode == 1 and b"HTTP 401 GatedRepo" in got.stderr and got.stdout == b""
 
 
 def test_the_token_goes_to_the_hub_and_not_to_the_cdn_it_redirects_to(hub):
     # The stand-in's CDN (localhost, another origin) answers 400 to a request that brings the token, as S3 does for a
     # presigned URL: the download succeeding means the redirect was followed without it.
-    listed = hub_script("list", hub["url"], "model", content.MODEL_REPO, hub["model"], stdin=hub["token"] + "\n")
+    listed = hub_script("list", hub["url"], "", "model", content.MODEL_REPO, hub["model"], stdin=hub["token"] + "\n")
     assert listed.returncode == 0, listed.stderr
     sibling = {s["rfilename"]: s for s in json.loads(listed.stdout)["siblings"]}["model.safetensors"]
     model = ("model", content.MODEL_REPO, hub["model"], "model.safetensors")
-    got = hub_script("get", hub["url"], *model, str(sibling["size"]), stdin=hub["token"] + "\n")
+    got = hub_script("get", hub["url"], "", *model, str(sibling["size"]), stdin=hub["token"] + "\n")
     assert got.returncode == 0, got.stderr
     assert hashlib.sha256(got.stdout).hexdigest() == sibling["lfs"]["sha256"]
     # More bytes than the listing gives are refused.
-    short = hub_script("get", hub["url"], *model, "10", stdin=hub["token"] + "\n")
+    short = hub_script("get", hub["url"], "", *model, "10", stdin=hub["token"] + "\n")
     assert short.returncode == 1 and b"more than the 10 bytes" in short.stderr
+
+
+def test_a_mirror_over_tls_is_used_with_its_ca_and_refused_without(tmp_path, data_env):
+    # The certificate of a private mirror (its own CA, self-signed here) for 127.0.0.1 and localhost, its CDN.
+    cert = tmp_path / "mirror.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=p40fleet test mirror",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(tmp_path / "key.pem"),
+            "-out",
+            str(tmp_path / "crt.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    cert.write_text((tmp_path / "crt.pem").read_text() + (tmp_path / "key.pem").read_text())
+    ca = (tmp_path / "crt.pem").read_text()
+    with serving_hub(tmp_path / "hub", data_env, tls_cert=cert) as served:
+        assert served["url"].startswith("https://")
+        args = (served["url"], "model", content.MODEL_REPO, served["model"])
+        refused = hub_script("list", args[0], "", *args[1:], stdin=served["token"] + "\n")
+        assert refused.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in refused.stderr, refused.stderr
+        listed = hub_script("list", args[0], ca, *args[1:], stdin=served["token"] + "\n")
+        assert listed.returncode == 0, listed.stderr
+        sibling = {s["rfilename"]: s for s in json.loads(listed.stdout)["siblings"]}["model.safetensors"]
+        got = hub_script(
+            "get", args[0], ca, *args[1:], "model.safetensors", str(sibling["size"]), stdin=served["token"] + "\n"
+        )
+        assert got.returncode == 0 and hashlib.sha256(got.stdout).hexdigest() == sibling["lfs"]["sha256"]
 
 
 @pytest.mark.parametrize("endpoint", ["http://example.org", "ftp://127.0.0.1", "http://10.0.0.1:8080"])
 def test_only_https_or_loopback_http_is_used(endpoint):
-    done = hub_script("list", endpoint, "model", content.MODEL_REPO, "0" * 40, stdin="hf_x\n")
+    done = hub_script("list", endpoint, "", "model", content.MODEL_REPO, "0" * 40, stdin="hf_x\n")
     assert done.returncode == 1 and b"only https" in done.stderr, done.stderr
 
 

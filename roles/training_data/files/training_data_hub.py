@@ -1,15 +1,16 @@
 """training_data's hub downloads, in root's Python (/usr/bin/python3 -I), standard library only.
 
-usage: training_data_hub.py list ENDPOINT KIND REPO COMMIT              (as the throwaway account; token on stdin)
-       training_data_hub.py get ENDPOINT KIND REPO COMMIT PATH SIZE     (as the throwaway account; token on stdin)
+usage: training_data_hub.py list ENDPOINT CA KIND REPO COMMIT           (as the throwaway account; token on stdin)
+       training_data_hub.py get ENDPOINT CA KIND REPO COMMIT PATH SIZE  (as the throwaway account; token on stdin)
        training_data_hub.py verify STAGE_DIR FILES_JSON                 (as root, after the account is gone)
 
 list prints the hub's listing of REPO at COMMIT with each file's hashes (?blobs=true); get writes one file's bytes
 on stdout (root's module puts them in root's staging directory), at most SIZE of them. The token goes only to the
-endpoint's own host (a redirect to a CDN is followed without it), over verified TLS; plain http only to a loopback
-host. verify recomputes each staged file's hash (LFS sha256, or the git blob sha1 of `blob <size>\\0<bytes>`)
-against FILES_JSON (plugins/filter/training_data.py's choice from the listing), removes any that differs, and makes
-the good ones readable for the owner's copy. Errors go to stderr and exit 1.
+endpoint's own host (a redirect to a CDN is followed without it), over verified TLS (the system's CAs, and CA: PEM
+text of a private mirror's CA, or empty); plain http only to a loopback host. verify recomputes each staged file's
+hash (LFS sha256, or the git blob sha1 of `blob <size>\\0<bytes>`) against FILES_JSON (the listing's files that
+plugins/filter/training_data.py chose), removes any that differs, and makes the good ones readable for the owner's
+copy. Errors go to stderr and exit 1.
 """
 
 import hashlib
@@ -39,11 +40,13 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-OPENER = urllib.request.build_opener(
-    urllib.request.ProxyHandler({}),
-    urllib.request.HTTPSHandler(context=ssl.create_default_context()),
-    NoRedirect(),
-)
+def opener(ca):
+    context = ssl.create_default_context()
+    if ca:
+        context.load_verify_locations(cadata=ca)
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context), NoRedirect()
+    )
 
 
 def loopback(host):
@@ -62,15 +65,15 @@ def origin(url):
     raise Refused(f"{url}: only https (plain http to a loopback host alone) is used")
 
 
-def open_url(endpoint, url, token):
+def open_url(endpoint, ca, url, token):
     """The response for url, redirects followed by hand; Authorization only towards the endpoint's origin."""
-    home = origin(endpoint)
+    home, client = origin(endpoint), opener(ca)
     for _ in range(MAX_REDIRECTS + 1):
         headers = {"User-Agent": "p40fleet-training-data"}
         if token and origin(url) == home:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            return OPENER.open(urllib.request.Request(url, headers=headers), timeout=60)
+            return client.open(urllib.request.Request(url, headers=headers), timeout=60)
         except urllib.error.HTTPError as error:
             location = error.headers.get("Location")
             if error.code not in REDIRECTS or not location:
@@ -85,18 +88,18 @@ def repo_path(kind, repo):
     return ("datasets/" if kind == "dataset" else "") + repo
 
 
-def listing(endpoint, kind, repo, commit, token):
+def listing(endpoint, ca, kind, repo, commit, token):
     url = f"{endpoint.rstrip('/')}/api/{kind}s/{repo}/revision/{commit}?blobs=true"
-    with open_url(endpoint, url, token) as response:
+    with open_url(endpoint, ca, url, token) as response:
         document = json.loads(response.read())
     print(json.dumps(document))
 
 
-def get(endpoint, kind, repo, commit, path, size, token):
+def get(endpoint, ca, kind, repo, commit, path, size, token):
     quoted = urllib.parse.quote(path)
     url = f"{endpoint.rstrip('/')}/{repo_path(kind, repo)}/resolve/{commit}/{quoted}"
     written, out = 0, sys.stdout.buffer
-    with open_url(endpoint, url, token) as response:
+    with open_url(endpoint, ca, url, token) as response:
         for block in iter(lambda: response.read(CHUNK), b""):
             written += len(block)
             if written > size:
@@ -146,14 +149,14 @@ def main(argv):
             verify(argv[2], json.loads(argv[3]))
             return 0
         token = sys.stdin.readline().strip()
-        endpoint, kind, repo, commit = argv[2:6]
+        endpoint, ca, kind, repo, commit = argv[2:7]
         if action == "list":
-            listing(endpoint, kind, repo, commit, token)
+            listing(endpoint, ca, kind, repo, commit, token)
         elif action == "get":
-            get(endpoint, kind, repo, commit, argv[6], int(argv[7]), token)
+            get(endpoint, ca, kind, repo, commit, argv[7], int(argv[8]), token)
         else:
             raise Refused(f"unknown action {action}")
-    except (Refused, OSError, ValueError) as error:
+    except (Refused, OSError, ValueError, ssl.SSLError) as error:
         print(f"training_data_hub {action}: {error}", file=sys.stderr)
         return 1
     return 0
