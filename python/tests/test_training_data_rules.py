@@ -37,7 +37,7 @@ def listing(*siblings, sha=COMMIT):
 
 MODEL = listing(
     small(".gitattributes"),
-    small("odd name.md"),
+    small("odd name"),
     small("README.md"),
     small("config.json"),
     large("model.safetensors"),
