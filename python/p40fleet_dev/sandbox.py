@@ -68,6 +68,11 @@ APT_DIR = CACHE_DIR / "apt"
 # Extra suites (stand-in packages a test opts into, apt_suite()), served by the mirror on a port of their own.
 APT_SUITES_DIR = APT_DIR / "suites"
 APT_SUITES_PORT = 8082
+# The Hub's routes over https (training_data downloads over TLS alone), with a certificate of the sandbox's own for
+# APT_HOSTNAME: its PEM (certificate, then key) in the sandbox's directory, the certificate given to the hosts as the
+# mirror's CA (training_data_hub_ca).
+HUB_TLS_PORT = 8443
+HUB_TLS_PEM = "hub-tls.pem"
 GPU_PROFILE_PATH = "/etc/p40fleet-sandbox/gpu.json"
 NVIDIA_SMI_STANDIN = "/opt/p40fleet-sandbox/bin/nvidia-smi"
 # What preflight asks of a sandbox host's disk, per install path. The stand-ins take megabytes, and a sandbox host's
@@ -555,6 +560,7 @@ class Sandbox:
         artifacts = fixtures.build_standins()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._make_key()
+        self._make_hub_certificate()
         if login == "sudo-password":
             self._make_become_password()
         try:
@@ -634,6 +640,29 @@ class Sandbox:
         shutil.copy(self.key_file.with_suffix(".pub"), authorized)
         authorized.chmod(0o644)
 
+    def _make_hub_certificate(self) -> None:
+        pem = self.dir / HUB_TLS_PEM
+        if pem.exists():
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+            key_type = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650"]
+            subject = ["-subj", "/CN=p40fleet sandbox hub", "-addext", f"subjectAltName=DNS:{APT_HOSTNAME}"]
+            subprocess.run(
+                ["openssl", "req", "-x509", *key_type, *subject, "-keyout", str(key), "-out", str(cert)],
+                check=True,
+                capture_output=True,
+            )
+            text = cert.read_text() + key.read_text()
+        fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+
+    def hub_ca(self) -> str:
+        """The certificate the sandbox's https Hub serves, which the hosts trust as the mirror's CA."""
+        text = (self.dir / HUB_TLS_PEM).read_text()
+        return text[: text.index("-----END CERTIFICATE-----") + len("-----END CERTIFICATE-----")] + "\n"
+
     def _make_become_password(self) -> None:
         fd = os.open(self.become_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -646,6 +675,7 @@ class Sandbox:
         serve = (
             f"python3 -m http.server {APT_PORT} --directory /srv/apt >/dev/null 2>&1 & "
             f"python3 -m http.server {APT_SUITES_PORT} --directory /srv/apt-suites >/dev/null 2>&1 & "
+            f"python3 /srv/hub_server.py --port {HUB_TLS_PORT} --directory /srv/mirror --tls-cert /srv/{HUB_TLS_PEM} & "
             f"exec python3 /srv/hub_server.py --port {MIRROR_PORT} --directory /srv/mirror"
         )
         podman(
@@ -664,6 +694,8 @@ class Sandbox:
             f"{APT_SUITES_DIR}:/srv/apt-suites:ro",
             "-v",
             f"{STANDINS_DIR / 'hub_server.py'}:/srv/hub_server.py:ro",
+            "-v",
+            f"{self.dir / HUB_TLS_PEM}:/srv/{HUB_TLS_PEM}:ro",
             image,
             "sh",
             "-c",
@@ -809,6 +841,8 @@ class Sandbox:
             ),
             "p40fleet_sandbox_name": self.name,
             "p40fleet_sandbox_mirror_url": f"http://{mirror}:{MIRROR_PORT}",
+            "p40fleet_sandbox_hub_url": f"https://{APT_HOSTNAME}:{HUB_TLS_PORT}",
+            "p40fleet_sandbox_hub_ca": self.hub_ca(),
             # Stand-ins carry the real file names: keep them out of the controller's real caches.
             "artifact_fetch_controller_cache_dir": str(self.dir / "artifact-cache"),
             "apex_controller_cache_dir": str(self.dir / "apex-wheels"),

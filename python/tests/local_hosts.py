@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pwd
+import random
 import sys
+import uuid
 from pathlib import Path
 
 from p40fleet_dev.paths import REPO_ROOT
@@ -40,3 +43,24 @@ def run_verl_role(run_playbook, tmp_path: Path, extra: dict):
 # The environment of a playbook whose local host has root play the env owner (fleet_state_owner_run refuses uid 0
 # otherwise): for tests whose interpreter lies in root's 0700 home, where no other account can run it.
 ROOT_PLAYS_OWNER = {"P40FLEET_TEST_ROOT_PLAYS_OWNER": "1"}
+
+
+def throwaway_name() -> str:
+    """A fresh name for a role's throwaway account: tests of other workers make theirs at the same time."""
+    return f"p40t-{uuid.uuid4().hex[:10]}"
+
+
+def free_uid() -> str:
+    """A uid no account here has, far above the system and login ranges, for an account a test's role makes on this
+    machine: the sandbox containers share this machine's uids, and the role's `pkill -u` of an account at, say, 999
+    would kill their env owner's processes too."""
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    return str(random.choice([uid for uid in range(61000, 64000) if uid not in taken]))
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

@@ -12,19 +12,17 @@ checkouts may run beside it on this machine.
 from __future__ import annotations
 
 import pwd
-import random
 import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.local_hosts import run_verl_role
+from tests.local_hosts import account_exists, free_uid, run_verl_role, throwaway_name
 from tests.pins import VERL_COMMIT, role_defaults
 from tests.test_git_credentials import AuthHandler
 
@@ -78,25 +76,6 @@ def run_verl(run_playbook, tmp_path, repo, expected: str, owner: str = "nobody",
         "p40fleet_state_dir": str(tmp_path / "state"),
     }
     return run_verl_role(run_playbook, tmp_path, extra)
-
-
-def throwaway_name() -> str:
-    return f"p40t-{uuid.uuid4().hex[:10]}"
-
-
-def free_uid() -> str:
-    """A uid no account here has, far above the system and login ranges: the sandbox containers share this machine's
-    uids, and a `pkill -u` of an account at, say, 999 would kill their env owner's processes too."""
-    taken = {entry.pw_uid for entry in pwd.getpwall()}
-    return str(random.choice([uid for uid in range(61000, 64000) if uid not in taken]))
-
-
-def account_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def make_repo(tmp_path):

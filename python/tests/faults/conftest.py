@@ -194,11 +194,11 @@ def first_converge(fleet, tmp_path_factory) -> FirstConverge:
     # A Hub of our own in the mirror container: the sandbox's model copied, gated by a token made for this run
     # (written through stdin, so no argument list ever holds it).
     token = "hf_" + secrets.token_hex(20)
-    hub = MirrorServer(fleet.sandbox, HUB_PORT, "hub")
+    hub = MirrorServer(fleet.sandbox, HUB_PORT, "hub", hub=True)
     hub.exec(f"rm -rf {hub.root} && mkdir -p {hub.root} && cp -a /srv/mirror/hub {hub.root}/hub")
     gate = f"{hub.root}/hub/models/{MODEL_REPO}/.gated-token"
     podman("exec", "-i", hub.container, "sh", "-c", f"cat > {gate}", input_bytes=token.encode())
-    hub.start(hub=True)
+    hub.start()
     fleet.host_vars("node1", training_data_hub_token=token, training_data_hub_endpoint=hub.url)
     # On a fleet kept from an earlier session the model is there already: the token must be used all the same.
     fleet.sh("node1", "rm -rf /opt/p40fleet/models")

@@ -21,7 +21,7 @@ import yaml
 
 from p40fleet.paths import ANSIBLE_CONFIG
 from p40fleet_dev.paths import REPO_ROOT
-from p40fleet_dev.sandbox import LOGIN_USER, Sandbox, podman
+from p40fleet_dev.sandbox import APT_HOSTNAME, HUB_TLS_PEM, LOGIN_USER, Sandbox, podman
 
 HERE = Path(__file__).resolve().parent
 TRAP_SCRIPT = HERE / "host_trap.py"
@@ -241,24 +241,27 @@ def kill_controller(run: subprocess.Popen, control_dir: Path) -> list[int]:
 
 class MirrorServer:
     """A second HTTP server in the sandbox's mirror container, on its own port, over a directory of its own:
-    the mirror's files copied and changed as a case needs (a tampered artifact, a Hub with a fresh token)."""
+    the mirror's files copied and changed as a case needs (a tampered artifact, a Hub with a fresh token). A Hub
+    serves https with the sandbox's certificate, as the hosts reach it (`url`, by the mirror's name; `address` is
+    the mirror's own, for the controller)."""
 
-    def __init__(self, sandbox: Sandbox, port: int, name: str) -> None:
-        self.sandbox, self.port = sandbox, port
+    def __init__(self, sandbox: Sandbox, port: int, name: str, hub: bool = False) -> None:
+        self.sandbox, self.port, self.hub = sandbox, port, hub
         self.root = f"/tmp/p40fleet-faults-{name}"
         self.container = sandbox.mirror_container
         group_vars = yaml.safe_load((sandbox.inventory_dir / "group_vars" / "p40_sandbox.yml").read_text())
-        self.url = f"http://{urlsplit(group_vars['p40fleet_sandbox_mirror_url']).hostname}:{port}"
+        self.address = urlsplit(group_vars["p40fleet_sandbox_mirror_url"]).hostname
+        self.url = f"https://{APT_HOSTNAME}:{port}" if hub else f"http://{self.address}:{port}"
 
     def exec(self, command: str) -> str:
         result = podman("exec", self.container, "sh", "-c", command, check=False)
         assert result.returncode == 0, f"mirror: {command}: {result.stderr.decode()}"
         return result.stdout.decode()
 
-    def start(self, hub: bool = False) -> None:
-        if hub:
+    def start(self) -> None:
+        if self.hub:
             argv = ["python3", "/srv/hub_server.py", "--port", str(self.port), "--directory", self.root]
-            argv += ["--hub-root", f"{self.root}/hub"]
+            argv += ["--hub-root", f"{self.root}/hub", "--tls-cert", f"/srv/{HUB_TLS_PEM}"]
         else:
             argv = ["python3", "-m", "http.server", str(self.port), "--directory", self.root]
         podman("exec", "-d", self.container, *argv)

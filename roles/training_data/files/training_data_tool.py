@@ -3,12 +3,13 @@
 usage: training_data_tool.py probe|dataset|model SPEC_JSON
 
 probe    reads the markers and files, changes nothing: {"dataset": {"ok": bool, "why": str}, "model": {...}}
-dataset  fetches GSM8K's parquet files (hub or a local copy) into raw_dir and converts them to
-         train.parquet / test.parquet exactly as verl's examples/data_preprocess/gsm8k.py does
-model    fetches the model (hub snapshot_download, or a local copy) and verifies what a load needs
+dataset  copies GSM8K's parquet files from a local path into raw_dir (unless they are there: the hub's and the
+         controller's are) and converts them to train.parquet / test.parquet exactly as verl's
+         examples/data_preprocess/gsm8k.py does
+model    copies the model from a local path (unless it is in place) and verifies what a load needs
 
-A hub token is never an argument, a file or a variable: dataset and model read it from stdin (empty: none), and
-a token stored in the owner's home is never used instead.
+No network and no token here: root's throwaway account downloads the hub's files and root checks them before the
+owner copies them in (roles/training_data/tasks/hub.yml).
 """
 
 import json
@@ -92,34 +93,20 @@ def dataset_state(spec):
     return True, "converted set matches its source"
 
 
-def fetch_dataset(spec, token):
+def fetch_dataset(spec):
     raw = pathlib.Path(spec["raw_dir"])
     raw.mkdir(parents=True, exist_ok=True)
-    if spec["dataset_source"] == "hub":
-        from huggingface_hub import hf_hub_download
-
-        for split in SPLITS:
-            hf_hub_download(
-                repo_id=spec["dataset_repo"],
-                filename=spec["dataset_files"][split],
-                repo_type="dataset",
-                revision=spec["dataset_revision"],
-                local_dir=str(raw),
-                token=token,
-                endpoint=spec["endpoint"] or None,
-            )
-    else:
-        local = pathlib.Path(spec["dataset_local_path"])
-        for split in SPLITS:
-            target = raw / spec["dataset_files"][split]
-            if target.resolve() == (local / spec["dataset_files"][split]).resolve():
-                continue  # the controller already copied the files into place
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(local / spec["dataset_files"][split], target)
+    local = pathlib.Path(spec["dataset_local_path"])
+    for split in SPLITS:
+        target = raw / spec["dataset_files"][split]
+        if target.resolve() == (local / spec["dataset_files"][split]).resolve():
+            continue  # the hub's or the controller's files are already in place
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local / spec["dataset_files"][split], target)
 
 
-def dataset(spec, token=False):
-    fetch_dataset(spec, token)
+def dataset(spec):
+    fetch_dataset(spec)
     data_dir = pathlib.Path(spec["data_dir"])
     data_dir.mkdir(parents=True, exist_ok=True)
     counts, sources, outputs = {}, {}, {}
@@ -202,32 +189,16 @@ def model_state(spec):
     return True, "model matches its record and verifies"
 
 
-def model(spec, token=False):
+def model(spec):
     model_dir = pathlib.Path(spec["model_dir"])
     model_dir.mkdir(parents=True, exist_ok=True)
-    if spec["model_source"] == "hub":
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(
-            repo_id=spec["model_repo"],
-            revision=spec["model_revision"],
-            local_dir=str(model_dir),
-            endpoint=spec["endpoint"] or None,
-            allow_patterns=spec["model_allow_patterns"] or None,
-            token=token,
-        )
-    elif pathlib.Path(spec["model_local_path"]).resolve() != model_dir.resolve():
+    if pathlib.Path(spec["model_local_path"]).resolve() != model_dir.resolve():
         shutil.copytree(spec["model_local_path"], model_dir, dirs_exist_ok=True)
     verified = verify_model(model_dir)
     if verified["problems"]:
         raise ValueError(f"the model in {model_dir} cannot be loaded: " + "; ".join(verified["problems"]))
     model_marker(spec).write_text(json.dumps({"source": spec["model_identity"], **verified}, indent=2) + "\n")
     return verified
-
-
-def hub_token():
-    """The token on stdin, or False: huggingface_hub then sends none (not even one stored in the owner's home)."""
-    return sys.stdin.readline().strip() or False
 
 
 def main(argv):
@@ -237,9 +208,9 @@ def main(argv):
         model_ok, model_why = model_state(spec)
         result = {"dataset": {"ok": data_ok, "why": data_why}, "model": {"ok": model_ok, "why": model_why}}
     elif action == "dataset":
-        result = dataset(spec, hub_token())
+        result = dataset(spec)
     elif action == "model":
-        result = model(spec, hub_token())
+        result = model(spec)
     else:
         raise SystemExit(f"unknown action {action}")
     print(json.dumps(result))
