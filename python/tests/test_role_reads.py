@@ -39,9 +39,12 @@ NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 CONDA = "conda_env publishes its env as role vars, not one plan fact (issue 59: a conda_env plan fact)"
 CUDA = "cuda_toolkit publishes cuda_toolkit_home under its input's name (issue 59: p40fleet_cuda_home or a plan fact)"
 PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (issue 59: a published plan of each)"
-LAUNCH = (
-    "ray_cluster re-renders the launch script from launch_script's variables (issue 59: one launch_script_plan fact)"
+RAY_PORTS = (
+    "ray_cluster's firewall admits launch_script's own Ray ports; launch_script calls it too (issue 59: a parameter)"
 )
+# launch_script_plan is built from the earlier stages' variables (launch_script's defaults read them), so the play
+# that asks for it still lists those roles.
+LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
 PATCH_INPUTS = "verl_patches' inputs default to the verl and conda_env variables (issue 59: their plan facts)"
 STAGE_INPUTS = "a stage's input defaults to an earlier stage's variable (issue 59: that stage's plan fact)"
@@ -146,29 +149,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (("conda_env_owner", "conda_env_prefix", "conda_env_python", "conda_env_python_version"), CONDA),
     },
-    "ray_cluster": {
-        "launch_script": (
-            (
-                "launch_script_checkpoint_root",
-                "launch_script_cuda_home",
-                "launch_script_env_file",
-                "launch_script_environment",
-                "launch_script_nccl_environment",
-                "launch_script_overrides",
-                "launch_script_ppo_mini_batch_size",
-                "launch_script_python",
-                "launch_script_ray_ports",
-                "launch_script_run_name",
-                "launch_script_settings",
-                "launch_script_smoke_batch_overrides",
-                "launch_script_smoke_overrides",
-                "launch_script_smoke_steps",
-                "launch_script_train_batch_size",
-                "launch_script_work_dir_effective",
-            ),
-            LAUNCH,
-        ),
-    },
+    "ray_cluster": {"launch_script": (("launch_script_ray_ports",), RAY_PORTS)},
     "train_run": {
         "launch_script": (
             ("launch_script_path_effective",),
@@ -188,21 +169,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
 }
 
 # reader -> owner role -> (the variables it sets for that role outside a call of it, why).
-ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
-    "ray_cluster": {
-        "launch_script": (
-            (
-                "launch_script_batch_sizes",
-                "launch_script_checkpoint_root",
-                "launch_script_nnodes",
-                "launch_script_ppo_mini_batch_size",
-                "launch_script_train_batch_size",
-                "launch_script_val_batch_size",
-            ),
-            "ray_cluster renders launch_script's overrides at the cluster's node count (issue 59: launch_script_plan)",
-        ),
-    },
-}
+ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 
 # playbook -> the roles it lists with `tags: [never]` only so that their variables are known.
 ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
