@@ -39,15 +39,11 @@ NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 CONDA = "conda_env publishes its env as role vars, not one plan fact (issue 59: a conda_env plan fact)"
 CUDA = "cuda_toolkit publishes cuda_toolkit_home under its input's name (issue 59: p40fleet_cuda_home or a plan fact)"
 PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (issue 59: a published plan of each)"
-RAY_PORTS = (
-    "ray_cluster's firewall admits launch_script's own Ray ports; launch_script calls it too (issue 59: a parameter)"
-)
 # launch_script_plan is built from the earlier stages' variables (launch_script's defaults read them), so the play
 # that asks for it still lists those roles.
 LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
 PATCH_INPUTS = "verl_patches' inputs default to the verl and conda_env variables (issue 59: their plan facts)"
-STAGE_INPUTS = "a stage's input defaults to an earlier stage's variable (issue 59: that stage's plan fact)"
 MIRROR = "a stage's mirror defaults to artifact_fetch's (issue 59: a shared p40fleet_ setting)"
 CLUSTER_NAME = "qualify groups the hosts by cluster through ray_cluster's input (issue 59: a shared p40fleet_ setting)"
 CLUSTER = "train_run reads ray_cluster's variables for the cluster it submits to (issue 59: a ray_cluster plan fact)"
@@ -149,7 +145,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (("conda_env_owner", "conda_env_prefix", "conda_env_python", "conda_env_python_version"), CONDA),
     },
-    "ray_cluster": {"launch_script": (("launch_script_ray_ports",), RAY_PORTS)},
     "train_run": {
         "launch_script": (
             ("launch_script_path_effective",),
@@ -174,7 +169,7 @@ ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 # playbook -> the roles it lists with `tags: [never]` only so that their variables are known.
 ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "playbooks/cluster.yml": (
-        ("conda_env", "cuda_toolkit", "launch_script", "training_data", "verl"),
+        ("conda_env", "cuda_toolkit", "training_data", "verl"),
         LAUNCH,
     ),
     "playbooks/state.yml": (
