@@ -23,7 +23,7 @@ from pathlib import Path
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-ARGUMENTS = {
+ARGUMENT_SPEC = {
     "artifacts": {"type": "list", "elements": "dict", "required": True},
     "timeout": {"type": "int", "default": 60},
     "attempts": {"type": "int", "default": 3},
@@ -36,7 +36,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENTS)
+        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         try:
             from p40fleet.fetch import Download, Fetcher, FetchError, sha256_of
         except ImportError as error:

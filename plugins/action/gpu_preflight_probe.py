@@ -13,6 +13,10 @@ argument check, nothing else of preflight.
 
 `report` (a probe's report taken before, such as a real host's recorded answers) is judged instead of
 probing: the table tests of the rules go through this same code without a host. The role never passes it.
+
+The task's options are checked here against ARGUMENT_SPEC (Ansible's argument-spec validator, the one style of the
+collection's modules: docs/extending.md), on the controller: the host's probe stays a plain JSON-arguments script,
+which costs the host a fraction of a module built on Ansible's module library on every run.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.p40fleet.fleet.plugins.plugin_utils.gpu_preflight import gpu_preflight_assess
 
+# The module's DOCUMENTATION options. Validated, not handed on as coerced: the probe reads its paths on the host.
+ARGUMENT_SPEC = {
+    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "paths": {"type": "list", "elements": "str", "default": []},
+    "present_paths": {"type": "list", "elements": "str", "default": []},
+    "state_file": {"type": "str"},
+    "settings": {"type": "dict", "required": True},
+    "report": {"type": "dict"},
+}
 SETTINGS = (
     "host",
     "strict",
@@ -50,6 +63,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         args = dict(self._task.args)
         settings = args.pop("settings", None)
         report = args.pop("report", None)

@@ -7,8 +7,8 @@ any other, naming the host, the field and what was found. `reading | apex_build_
 `reading | apex_build_jobs(max_jobs, ram_per_job_gib)` derive the key and MAX_JOBS from it.
 `record_text | apex_cache_verdict(wheel_name, wheel_sha256, key, record_path, build_account)` judges the key's wheel
 in the controller cache against its build record: {"problem": "" or what is wrong, "record": the checked record}.
-`passwd_entry | apex_build_account_found(account, env_owner, comment, host)` says whether the throwaway build
-account is "absent" or "ours" (left by an interrupted build), refusing any other account of that name.
+The throwaway build account is judged by fleet_state's fleet_state_throwaway_found (roles/fleet_state/tasks/
+throwaway_account.yml).
 `ls_stdout | apex_built_wheel_name(host, directory)` takes the one wheel name the build account listed.
 Unit-tested in python/tests/test_apex_rules.py.
 """
@@ -134,29 +134,8 @@ def apex_cache_verdict(record_text, wheel_name, wheel_sha256, key, record_path, 
     return {"problem": problem, "record": {}}
 
 
-ACCOUNT = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
 # What pip wheel names a wheel (name-version[-build]-python-abi-platform.whl): one path component, nothing else.
 WHEEL_NAME = re.compile(r"apex-[A-Za-z0-9_.+]+(-[A-Za-z0-9_.+]+){3,4}\.whl")
-
-
-def apex_build_account_found(passwd_entry, account, env_owner, comment, host="this host"):
-    """absent, or ours (a leftover of an interrupted build: removed and made again); any other account is refused."""
-    if not isinstance(account, str) or not ACCOUNT.fullmatch(account) or account in ("root", env_owner):
-        raise AnsibleFilterError(
-            f"{host}: apex_build_account is {account!r}. Required: a plain account name of its own, neither root nor "
-            f"the env owner {env_owner}: root makes it for each build and removes it after."
-        )
-    if not passwd_entry:
-        return "absent"
-    fields = list(passwd_entry)
-    if len(fields) >= 6 and fields[3] == comment and fields[5] in NOLOGIN:
-        return "ours"
-    raise AnsibleFilterError(
-        f"{host}: an account {account} exists (comment {fields[3:4]}, shell {fields[5:6]}) that p40fleet did not make "
-        f"for an Apex build ({comment!r}, no login shell); p40fleet removes its build account after each build. "
-        "Set apex_build_account to a name no one uses."
-    )
 
 
 def apex_built_wheel_name(ls_stdout, host="this host", directory="the build directory"):
@@ -179,6 +158,5 @@ class FilterModule:
             "apex_build_key": apex_build_key,
             "apex_build_jobs": apex_build_jobs,
             "apex_cache_verdict": apex_cache_verdict,
-            "apex_build_account_found": apex_build_account_found,
             "apex_built_wheel_name": apex_built_wheel_name,
         }

@@ -10,19 +10,17 @@ runs it as root, with the lists its own probe (cudnn_probe.py, root's, read-only
   directory is refused.
 - `remove`: links to remove. Only a symlink is removed; anything else there is refused, naming it (the probe lists
   links only: what is there now is not what it saw).
-Check mode acts on nothing and reports what would change. A plain script in Ansible's JSON-arguments module style,
-like fleet_state_path: no module_utils to unpack per run.
+Check mode acts on nothing and reports what would change. It runs once per cuDNN converge, not on every run: an
+AnsibleModule with an argument_spec, the collection's one style for root-side modules (docs/extending-modules.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
-import sys
 
-ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
+from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: cudnn_links
@@ -70,6 +68,13 @@ removed:
   elements: str
   returned: always
 """
+
+
+ARGUMENT_SPEC = {
+    "links": {"type": "list", "elements": "dict", "default": []},
+    "remove": {"type": "list", "elements": "str", "default": []},
+    "host": {"type": "str", "default": "this host"},
+}
 
 
 class Refused(Exception):
@@ -140,17 +145,15 @@ def run(params: dict, check_mode: bool) -> dict:
 
 
 def main() -> None:
-    arguments = json.loads(ARGUMENTS)
-    host = str(arguments.get("host", "this host"))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    host = module.params["host"]
     try:
-        result = run(options(arguments), bool(arguments.get("_ansible_check_mode")))
+        result = run(options(module.params), module.check_mode)
     except Refused as error:
-        result = {"failed": True, "msg": f"{host}: {error}. Remove or move it (as root), then rerun the cudnn role."}
+        module.fail_json(msg=f"{host}: {error}. Remove or move it (as root), then rerun the cudnn role.")
     except (ValueError, OSError) as error:
-        result = {"failed": True, "msg": f"{host}: cudnn_links could not link cuDNN into the CUDA tree: {error}"}
-    result["invocation"] = {"module_args": {k: v for k, v in arguments.items() if not k.startswith("_ansible_")}}
-    print(json.dumps(result))
-    sys.exit(1 if result.get("failed") else 0)
+        module.fail_json(msg=f"{host}: cudnn_links could not link cuDNN into the CUDA tree: {error}")
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

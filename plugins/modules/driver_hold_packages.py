@@ -94,15 +94,15 @@ def read(path: str) -> str | None:
         return None
 
 
+ARGUMENT_SPEC = {
+    "preferences_file": {"type": "path", "required": True},
+    "unattended_file": {"type": "path", "required": True},
+    "record_file": {"type": "path", "required": True},
+}
+
+
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "preferences_file": {"type": "path", "required": True},
-            "unattended_file": {"type": "path", "required": True},
-            "record_file": {"type": "path", "required": True},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if module.get_bin_path("dpkg-query") is None:
         module.fail_json(msg="dpkg-query not found: driver_hold supports Debian and Ubuntu (apt) hosts only")
     rc, out, err = module.run_command(QUERY)

@@ -9,8 +9,12 @@ environment (the system PATH unless the task sets its own, HOME from the account
 but PYTHONNOUSERSITE=1 for Pythons started through a shebang; a Python the task starts itself takes -I), umask
 022 unless asked, its own session (the whole process group is killed at the time limit) and `chdir` entered by
 the owner, after the switch. Only rc, stdout and stderr come back, each capped in size and stripped of control
-characters: strings in a result root builds, never facts, never a module result the owner wrote. A plain script
-in Ansible's JSON-arguments module style, like fleet_state_path beside it.
+characters: strings in a result root builds, never facts, never a module result the owner wrote.
+
+An AnsibleModule with an argument_spec (docs/extending-modules.md). `stdin` (a token, git credentials) is a no_log
+option: Ansible masks its text wherever it appears in the result. `environment` is not, as Ansible would mask each of
+its values (a "2", a "/usr/bin") in every output string; it is kept out of the result's invocation instead, as stdin
+is, and the module is no_log=True, so the invocation is never written to the host's journal.
 """
 
 from __future__ import annotations
@@ -23,10 +27,9 @@ import re
 import selectors
 import signal
 import subprocess
-import sys
 import time
 
-ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
+from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: fleet_state_owner_run
@@ -368,17 +371,38 @@ def reported_diff(stdout: str) -> list[dict]:
     ]
 
 
+# Types and defaults; what a value must be beyond its type (owner's uid, chdir and stdout_dest absolute, environment's
+# names) is options()'s, with the module's own words.
+ARGUMENT_SPEC = {
+    "owner": {"type": "str", "required": True},
+    "argv": {"type": "list", "required": True},
+    "chdir": {"type": "str"},
+    "environment": {"type": "dict", "no_log": False},
+    "stdin": {"type": "str", "default": "", "no_log": True},
+    "timeout": {"type": "int", "default": 3600},
+    "output_limit": {"type": "int", "default": 1048576},
+    "stdout_dest": {"type": "str"},
+    "report_diff": {"type": "bool", "default": False},
+    "umask": {"type": "str", "default": "0022"},
+    "host": {"type": "str", "default": "this host"},
+}
+
+
 def main() -> None:
-    arguments = json.loads(ARGUMENTS)
-    host = str(arguments.get("host", "this host"))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True, no_log=True)
+    arguments = {k: v for k, v in module.params.items() if v is not None}
+    arguments.update(_ansible_check_mode=module.check_mode, _ansible_diff=module._diff)
+    shown = {k: v for k, v in module.params.items() if k not in ("stdin", "environment")}
     try:
         result = run(arguments)
     except Refused as error:
-        result = {"failed": True, "msg": f"{host}: fleet_state_owner_run: {error}"}
-    shown = {k: v for k, v in arguments.items() if k not in ("stdin", "environment")}
+        module.fail_json(
+            msg=f"{module.params['host']}: fleet_state_owner_run: {error}", invocation={"module_args": shown}
+        )
     result["invocation"] = {"module_args": shown}
-    print(json.dumps(result))
-    sys.exit(1 if result.get("failed") else 0)
+    if result.get("failed"):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,20 @@ through its descriptor and renamed over the destination: a link planted at the l
 followed. `batch` makes a tree in one call (one round trip, where a loop made one per path): each item is a request
 of its own, its options over the task's, checked and acted on in order as if it were a task; the first refusal
 stops the batch. In diff mode (`--diff`, with `--check` too) a file's result carries a diff of its content
-as ansible.builtin.copy's does, the values of a `secret` file masked. A plain script in Ansible's JSON-arguments
-module style, like the probes beside it.
+as ansible.builtin.copy's does, the values of a `secret` file masked.
+
+An AnsibleModule with an argument_spec (docs/extending-modules.md), with three of the library's habits turned off, each
+for a reason: a result's `path` is not stat-ed for file facts (add_path_info follows the very links the walk
+refused, and would report what a planted link points at); the invocation is not written to the host's journal
+(no_log=True: a batch's or a file's content may be a credential); and content is not a no_log option, since
+Ansible would mask every occurrence of its text in the result, diffs and paths included; it is kept out of the
+result's invocation instead, and a `secret` file's diff is masked here.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import pwd
 import re
@@ -38,7 +43,7 @@ import shutil
 import stat
 import sys
 
-ARGUMENTS = r"""<<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>"""
+from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: fleet_state_path
@@ -49,9 +54,10 @@ description:
 author: p40fleet
 options:
   path:
-    description: Absolute path of the directory or file.
-    type: path
-    required: true
+    description: >-
+      Absolute path of the directory or file, walked as given (no ~ or variable expansion); required unless
+      O(batch) is given.
+    type: str
   state:
     description: directory, file (write content) or absent (remove a file; a directory's tree only with recurse).
     type: str
@@ -68,9 +74,8 @@ options:
     type: str
     default: root
   mode:
-    description: Octal mode, e.g. "0755".
+    description: Octal mode, e.g. "0755"; required unless O(state=absent).
     type: str
-    required: true
   content:
     description: The file's content (state file); never logged.
     type: str
@@ -105,6 +110,7 @@ options:
       content...) or a path (the task's options), instead of the task's path. The first refusal stops the batch;
       what came before it stays done.
     type: list
+    elements: raw
 """
 
 EXAMPLES = r"""
@@ -601,27 +607,51 @@ def without_content(arguments: dict) -> dict:
     return shown
 
 
+# The requests' contents are no no_log options: see the docstring (the module is no_log, the invocation shown
+# without them). Per-request checks (path required, mode octal, exactly one content) are options()'s, for the
+# task's options and each batch item alike.
+ARGUMENT_SPEC = {
+    "path": {"type": "str"},
+    "state": {"type": "str", "choices": list(STATES), "default": "directory"},
+    "owner": {"type": "str", "default": "root"},
+    "trusted_owner": {"type": "str", "default": "root"},
+    "mode": {"type": "str"},
+    "content": {"type": "str", "no_log": False},
+    "content_base64": {"type": "str", "no_log": False},
+    "recurse": {"type": "bool", "default": False},
+    "reclaim": {"type": "bool", "default": False},
+    "secret": {"type": "bool", "default": False},
+    "host": {"type": "str", "default": "this host"},
+    "batch": {"type": "list", "elements": "raw", "no_log": False},
+}
+
+
+class PathModule(AnsibleModule):
+    def add_path_info(self, kwargs: dict) -> dict:
+        """No file facts from a stat that follows links: the result says only what the walk saw."""
+        return kwargs
+
+
 def main() -> None:
-    arguments = json.loads(ARGUMENTS)
-    check_mode = bool(arguments.get("_ansible_check_mode"))
-    host = str(arguments.get("host", "this host"))
+    module = PathModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True, no_log=True)
+    # An option not given is absent, as in a batch item (options() fills the defaults).
+    arguments = {**{k: v for k, v in module.params.items() if v is not None}, "_ansible_diff": module._diff}
+    host = module.params["host"]
+    shown = {"invocation": {"module_args": without_content(module.params)}}
     try:
         if arguments.get("batch") is not None:
-            result = run_batch(arguments, check_mode)
+            result = run_batch(arguments, module.check_mode)
         else:
-            result = run(options(arguments), check_mode)
+            result = run(options(arguments), module.check_mode)
     except Refused as error:
-        result = {
-            "failed": True,
-            "msg": f"{host}: {error}. Root left it as it was. Remove or fix what is named (as root), then rerun.",
-        }
+        module.fail_json(
+            msg=f"{host}: {error}. Root left it as it was. Remove or fix what is named (as root), then rerun.", **shown
+        )
     except BatchItemFailed as error:
-        result = {"failed": True, "msg": f"{host}: fleet_state_path could not act on {error.path}: {error}"}
+        module.fail_json(msg=f"{host}: fleet_state_path could not act on {error.path}: {error}", **shown)
     except (ValueError, OSError) as error:
-        result = {"failed": True, "msg": f"{host}: fleet_state_path could not act on {arguments.get('path')}: {error}"}
-    result["invocation"] = {"module_args": without_content(arguments)}
-    print(json.dumps(result))
-    sys.exit(1 if result.get("failed") else 0)
+        module.fail_json(msg=f"{host}: fleet_state_path could not act on {arguments.get('path')}: {error}", **shown)
+    module.exit_json(**result, **shown)
 
 
 if __name__ == "__main__":

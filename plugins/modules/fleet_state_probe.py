@@ -18,8 +18,9 @@ followed, and a record never holds the hash of a file a planted link points at.
 
 A plain script in Ansible's JSON-arguments module style (ARGUMENTS below), like gpu_preflight's probe: it runs
 on every host on every run, and Ansible's module library, unpacked and imported on each call, costs the host
-several times the CPU of this script (docs/benchmarks-code.md). The options are checked here, as the documentation
-gives them.
+several times the CPU of this script (docs/benchmarks-code.md). So it is one of the two named exceptions to the
+collection's AnsibleModule rule (docs/extending-modules.md): its action (plugins/action/fleet_state_probe.py) checks the
+task's options against the module's argument_spec on the controller, and this script checks them again.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ options nvidia_smi ("nvidia-smi" or a path), paths (the directories whose free s
 It runs on every host on every run, so it is a plain script: Ansible writes the task's arguments into
 ARGUMENTS below (its JSON-arguments module style) and pipes the script to the host's Python. Built on Ansible's
 module library, the same probe costs several times the host's CPU, as that library is unpacked and imported on
-every call (docs/benchmarks-code.md). The arguments are checked here instead.
+every call (docs/benchmarks-code.md). So it is one of the two named exceptions to the collection's AnsibleModule
+rule (docs/extending-modules.md): its action (plugins/action/gpu_preflight_probe.py) checks the task's options against
+the module's argument_spec on the controller, and this script checks again what it reads.
 """
 
 import glob
@@ -47,9 +49,8 @@ options:
     elements: str
     default: []
   state_file:
-    description: The saved state of the last run (a local fact file).
+    description: The saved state of the last run (a local fact file); required unless O(report) is given.
     type: str
-    required: true
   settings:
     description: The rules' settings (gpu_preflight's variables, as roles/gpu_preflight/vars/main.yml gathers them).
     type: dict

@@ -65,10 +65,11 @@ def candidates(policy_output: str) -> set[str]:
     return offered
 
 
+ARGUMENT_SPEC = {"packages": {"type": "list", "elements": "str", "required": True}}
+
+
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={"packages": {"type": "list", "elements": "str", "required": True}}, supports_check_mode=True
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     packages = module.params["packages"]
     for tool in ("dpkg-query", "apt-cache"):
         if module.get_bin_path(tool) is None:

@@ -82,11 +82,11 @@ def read_env(path: str) -> dict[str, str]:
         return env
 
 
+ARGUMENT_SPEC = {"address": {"type": "str", "required": True}, "env_file": {"type": "path", "required": True}}
+
+
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={"address": {"type": "str", "required": True}, "env_file": {"type": "path", "required": True}},
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     interfaces = {name: [a for a in [ipv4_of(name)] if a] for _, name in socket.if_nameindex()}
     try:
         resolved = sorted({info[4][0] for info in socket.getaddrinfo(module.params["address"], None, socket.AF_INET)})

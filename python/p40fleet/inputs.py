@@ -618,6 +618,14 @@ class CheckedInputs:
     problems: list[str]
 
 
+def limit_problem(inventory_path: Path, limit: str) -> str:
+    """Why a limit that matches no host of the inventory is refused, and what to do."""
+    return (
+        f"the limit {limit!r} matches no host of {inventory_path}: name a host or group it has "
+        f"(`ansible-inventory -i {inventory_path} --graph` lists them)"
+    )
+
+
 def check_inputs(
     inventory_path: Path,
     env: dict[str, str],
@@ -638,9 +646,7 @@ def check_inputs(
         problems.append(str(error))
     hosts = inventory.hosts if inventory else []
     if inventory and not hosts:
-        problems.append(
-            f"the limit {limit!r} matches no host of {inventory_path}" if limit else f"{inventory_path} has no hosts"
-        )
+        problems.append(limit_problem(inventory_path, limit) if limit else f"{inventory_path} has no hosts")
     patterns = play_patterns(playbook)
     if inventory and hosts and patterns is not None:
         hosts = sorted(set(hosts) & targeted(patterns, inventory))

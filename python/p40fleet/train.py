@@ -80,10 +80,10 @@ def save_runs(state: StateDir, inventory: Path | str, runs: list[dict], at: str)
 
 
 def refusals(inventory: Path | str, limit: str | None = None) -> list[str]:
-    """What refuses a training action before any host is contacted: an inventory ansible cannot read, or a role's
-    copy of a shared setting (conda_env_owner, ...) that differs from it, as `p40fleet run` refuses them: the runs
-    would start as another owner than the env's."""
-    from p40fleet.inputs import InventoryError, load_inventory, shared_setting_problems
+    """What refuses a training action before any host is contacted: an inventory ansible cannot read, a limit that
+    matches no host of it, or a role's copy of a shared setting (conda_env_owner, ...) that differs from it, as
+    `p40fleet run` refuses them: the runs would start as another owner than the env's."""
+    from p40fleet.inputs import InventoryError, limit_problem, load_inventory, shared_setting_problems
     from p40fleet.run import ansible_env
 
     inventory = Path(inventory).resolve()
@@ -91,6 +91,8 @@ def refusals(inventory: Path | str, limit: str | None = None) -> list[str]:
         listed = load_inventory(inventory, ansible_env(inventory), limit, playbook_dir=TRAIN_PLAYBOOK.parent)
     except InventoryError as error:
         return [str(error)]
+    if limit and not listed.hosts:
+        return [limit_problem(inventory, limit)]
     return shared_setting_problems(listed, listed.hosts, {})
 
 

@@ -131,10 +131,10 @@ def make_owner(fleet: Fleet, host: str, owner: str = DEFAULT_OWNER) -> None:
         raise RuntimeError(f"{host}: making the env owner {owner} failed: {made.stderr.strip()}")
 
 
-def install_operator_standins(fleet: Fleet, host: str) -> None:
-    """Everything `sandbox up --services` puts on one host: the owner, the trainer and the qualification's
-    nvidia-smi with the default card, its serial the host's own."""
-    make_owner(fleet, host)
+def install_operator_standins(fleet: Fleet, host: str, owner: str = DEFAULT_OWNER) -> None:
+    """Everything `sandbox up --services` puts on one host: the owner (`owner`, where the host has no such account
+    yet), the trainer and the qualification's nvidia-smi with the default card, its serial the host's own."""
+    make_owner(fleet, host, owner)
     install_trainer(fleet, host)
     install_qualify(fleet, host)
     give_card(fleet, host, DEFAULT_CARD, own_serial=True)

@@ -3,10 +3,15 @@ its path, so tests call its functions directly."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
 
@@ -39,3 +44,15 @@ def load_owner_script(path: Path, name: str) -> ModuleType:
     module.__file__ = str(path)
     exec(compile(owner_script_text(path), str(path), "exec"), module.__dict__)
     return module
+
+
+def run_module_main(module: ModuleType, args: dict, check_mode: bool = False, diff: bool = False) -> dict:
+    """A module's main() in this process, its arguments handed as Ansible hands them to AnsibleModule: the result
+    it prints, with `rc` its exit status."""
+    from ansible.module_utils.testing import patch_module_args
+
+    stdout = io.StringIO()
+    arguments = {**args, "_ansible_check_mode": check_mode, "_ansible_diff": diff}
+    with patch_module_args(arguments), contextlib.redirect_stdout(stdout), pytest.raises(SystemExit) as exited:
+        module.main()
+    return {**json.loads(stdout.getvalue()), "rc": exited.value.code}

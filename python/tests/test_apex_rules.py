@@ -23,6 +23,7 @@ from tests.test_owner_boundary import tasks_of
 
 ROLE = REPO_ROOT / "roles" / "apex"
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "apex.py", "apex_filters")
+state_rules = load_module(REPO_ROOT / "plugins" / "filter" / "fleet_state.py", "fleet_state_filters")
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 GENUINE = {
     "python": "3.10",
@@ -220,7 +221,10 @@ OURS = ["x", "998", "998", COMMENT, "/var/lib/p40fleet/apex-build", "/usr/sbin/n
     [(None, "absent"), (OURS, "ours"), ([*OURS[:5], "/bin/false"], "ours")],
 )
 def test_the_build_account_is_made_afresh_when_absent_or_left_by_an_interrupted_build(entry, state):
-    assert rules.apex_build_account_found(entry, "p40fleet-build", "p40fleet", COMMENT, "node7") == state
+    found = state_rules.fleet_state_throwaway_found(
+        entry, "p40fleet-build", "p40fleet", COMMENT, "apex_build_account", "an Apex build", "node7"
+    )
+    assert found == state
 
 
 @pytest.mark.parametrize(
@@ -237,7 +241,9 @@ def test_the_build_account_is_made_afresh_when_absent_or_left_by_an_interrupted_
 )
 def test_an_account_root_did_not_make_for_the_build_is_refused(account, entry, message):
     with pytest.raises(AnsibleFilterError) as raised:
-        rules.apex_build_account_found(entry, account, "p40fleet", COMMENT, "node7")
+        state_rules.fleet_state_throwaway_found(
+            entry, account, "p40fleet", COMMENT, "apex_build_account", "an Apex build", "node7"
+        )
     assert str(raised.value).startswith(f"node7: {message}")
 
 
@@ -266,10 +272,21 @@ def test_the_env_owner_runs_nothing_of_the_build_and_the_account_is_always_remov
     steps = [*tasks, *build["block"], *build["always"]]
     runs = [t["p40fleet.fleet.fleet_state_owner_run"] for t in steps if "p40fleet.fleet.fleet_state_owner_run" in t]
     assert len(runs) >= 5 and {run["owner"] for run in runs} == {"{{ apex_build_account }}"}
-    assert [t.get("ansible.builtin.include_tasks") for t in build["always"]][-1] == "build_account_remove.yml"
-    # The account's directory is root's to make: fresh, 0700, in root's tree.
-    made = next(t["p40fleet.fleet.fleet_state_path"] for t in tasks if "p40fleet.fleet.fleet_state_path" in t)["batch"]
-    assert {"path": "{{ apex_build_dir }}", "owner": "{{ apex_build_account }}", "mode": "0700"} in made
+    # fleet_state's shared throwaway tasks make the account and its fresh 0700 directory first and remove both last.
+    made, removed = tasks[tasks.index(build) - 2]["ansible.builtin.include_role"], build["always"][-1]
+    assert made["tasks_from"] == "throwaway_account"
+    assert removed["ansible.builtin.include_role"]["tasks_from"] == "throwaway_account_remove"
+    throwaway = tasks[tasks.index(build) - 2]["vars"]
+    assert removed["vars"] == throwaway
+    assert throwaway["fleet_state_throwaway_account"] == "{{ apex_build_account }}"
+    assert throwaway["fleet_state_throwaway_home"] == "{{ apex_build_dir }}"
+    shared = yaml.safe_load((REPO_ROOT / "roles" / "fleet_state" / "tasks" / "throwaway_account.yml").read_text())
+    home = shared[-1]["p40fleet.fleet.fleet_state_path"]["batch"][-1]
+    assert home == {
+        "path": "{{ fleet_state_throwaway_home }}",
+        "owner": "{{ fleet_state_throwaway_account }}",
+        "mode": "0700",
+    }
 
 
 def apex_tasks():

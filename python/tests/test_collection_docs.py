@@ -7,6 +7,7 @@ the call: each is named."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
@@ -69,3 +71,53 @@ def test_ansible_doc_renders_every_plugin_by_its_full_name(kind, tmp_path):
             assert doc.get("short_description") and doc.get("description"), name
             if kind == "module":
                 assert entry.get("examples") and entry.get("return"), f"{name}: EXAMPLES and RETURN"
+
+
+# Root's code on a host is an AnsibleModule built with the module's ARGUMENT_SPEC (docs/extending-modules.md).
+# The named exceptions have an action of their name that checks the task's options with Ansible's validator against
+# its ARGUMENT_SPEC on the controller: the two probes every run executes on every host (plain JSON-arguments
+# scripts: the module library would cost each host several times their CPU, docs/benchmarks-code.md) and the
+# controller-only artifact_fetch_cache, whose module file is documentation only.
+VALIDATED_BY_ACTION = {"artifact_fetch_cache", "fleet_state_probe", "gpu_preflight_probe"}
+SPEC_FIELDS = {"type": "str", "required": False, "default": None, "choices": None, "elements": None}
+
+
+def calls_with_the_spec(path: Path, callee: str) -> list[str]:
+    """The names of the calls in a file that pass `argument_spec=ARGUMENT_SPEC`, among those named callee or
+    (AnsibleModule) a class of the file built on it."""
+    tree = ast.parse(path.read_text())
+    names = {callee} | {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", "") == callee for base in node.bases)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        spec = [k.value for k in node.keywords if k.arg == "argument_spec"]
+        if name in names and spec and getattr(spec[0], "id", "") == "ARGUMENT_SPEC":
+            found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("name", names("module"))
+def test_every_module_checks_its_documented_options_with_one_argument_spec(name):
+    module_path = REPO_ROOT / "plugins" / "modules" / f"{name}.py"
+    if name in VALIDATED_BY_ACTION:
+        spec_path = REPO_ROOT / "plugins" / "action" / f"{name}.py"
+        assert calls_with_the_spec(spec_path, "validate_argument_spec"), f"{spec_path} validates no ARGUMENT_SPEC"
+    else:
+        spec_path = module_path
+        assert calls_with_the_spec(spec_path, "AnsibleModule"), (
+            f"{name} builds no AnsibleModule(argument_spec=ARGUMENT_SPEC): make it one, or name it an exception "
+            "(VALIDATED_BY_ACTION and docs/extending-modules.md) with its reason"
+        )
+    spec = load_module(spec_path, f"spec_{name}_{spec_path.parent.name}").ARGUMENT_SPEC
+    documented = yaml.safe_load(load_module(module_path, f"doc_{name}").DOCUMENTATION)["options"]
+    assert sorted(spec) == sorted(documented), f"{name}: ARGUMENT_SPEC's keys against DOCUMENTATION's options"
+    for option, entry in documented.items():
+        said = {field: entry.get(field, default) for field, default in SPEC_FIELDS.items()}
+        built = {field: spec[option].get(field, default) for field, default in SPEC_FIELDS.items()}
+        assert built == said, f"{name}: option {option}"

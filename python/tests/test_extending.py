@@ -1,6 +1,7 @@
-"""The checklists of docs/extending.md name files that exist, and docs/README.md indexes every page (no containers).
+"""The checklists of docs/extending.md and docs/extending-modules.md name files that exist, and docs/README.md
+indexes every page (no containers).
 
-Each checklist (a GPU profile, a verl patch, a fact, a stage) is walked: every path it names in backticks
+Each checklist (a GPU profile, a verl patch, a fact, a stage, a module) is walked: every path it names in backticks
 resolves from the repository root, so an edit that moves a file the checklist sends a reader to fails here."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 from p40fleet_dev.paths import REPO_ROOT
 
 DOCS = REPO_ROOT / "docs"
-CHECKLISTS = ("A GPU profile", "A verl patch", "A fact", "A stage")
+CHECKLISTS = ("A GPU profile", "A verl patch", "A fact", "A stage", "A module")
 TOP = ("roles/", "plugins/", "python/", "playbooks/", "docs/", "molecule/", "inventory/")
 CODE = re.compile(r"`([^`\s]+)`")
 
@@ -21,7 +22,9 @@ def sections(text: str) -> dict[str, str]:
 
 
 def test_every_checklist_is_there_and_its_paths_resolve():
-    found = sections((REPO_ROOT / "docs/extending.md").read_text())
+    found = {}
+    for page in ("docs/extending.md", "docs/extending-modules.md"):
+        found.update(sections((REPO_ROOT / page).read_text()))
     assert list(found) == list(CHECKLISTS)
     for title, body in found.items():
         paths = [p for p in CODE.findall(body) if p.startswith(TOP) or p in ("site.yml",)]

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.source_modules import load_module
+from tests.source_modules import load_module, run_module_main
 
 run_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_owner_run.py", "fleet_state_owner_run")
 
@@ -146,6 +146,25 @@ def test_a_reported_diff_loses_the_control_characters_its_json_escapes_decode_to
     assert "\\u001b" in stdin
     arguments = {"owner": OWNER, "argv": ["/bin/cat"], "stdin": stdin, "report_diff": True, "_ansible_diff": True}
     assert run_module.run(arguments)["diff"] == [{"after_header": "f", "before": "a]0;pwned\n", "after": "b[2Jc\n"}]
+
+
+def test_through_ansible_module_stdin_never_reaches_the_result_or_the_journal_and_uid_0_is_refused(monkeypatch):
+    """main() as a task runs it: stdin (a token) is masked even where the owner echoes it, the invocation holds
+    neither stdin nor environment, an environment's short values are not masked in the output (a no_log dict would
+    mask every "2"), nothing is logged to the host's journal, and root as the owner is refused in the module's words."""
+    logged = []
+    monkeypatch.setattr(run_module.AnsibleModule, "_log_invocation", lambda self: logged.append(self.params))
+    token = "hf_canary_owner_run_7c2e"
+    args = {"owner": OWNER, "argv": ["/bin/sh", "-c", 'cat; echo " jobs=$MAX_JOBS"'], "host": "node3"}
+    result = run_module_main(run_module, {**args, "stdin": token, "environment": {"MAX_JOBS": "2"}})
+    assert (result["rc"], result["stdout"]) == (0, "******** jobs=2\n"), result
+    assert token not in json.dumps(result) and set(result["invocation"]["module_args"]) == set(
+        run_module.ARGUMENT_SPEC
+    ) - {"stdin", "environment"}
+    assert logged == []
+    refused = run_module_main(run_module, {**args, "owner": "root"})
+    assert refused["rc"] == 1 and refused["msg"].startswith("node3: fleet_state_owner_run: the owner 'root' has uid 0")
+    assert run_module_main(run_module, args, check_mode=True)["skipped"]
 
 
 @pytest.mark.parametrize("name", ["root", "toor"])

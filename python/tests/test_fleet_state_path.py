@@ -8,6 +8,7 @@ and that nothing outside the tree changed owner, mode or content.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import stat
@@ -16,7 +17,7 @@ import threading
 import pytest
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.source_modules import load_module
+from tests.source_modules import load_module, run_module_main
 
 path_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_path.py", "fleet_state_path")
 
@@ -233,6 +234,26 @@ def test_removing_a_planted_link_removes_the_link_not_its_target(tree):
     assert (system / "sudoers").exists()
     assert not act(owned / "token", state="absent")["changed"]
     assert not act(owned / "missing-dir" / "token", state="absent")["changed"]
+
+
+def test_the_module_result_says_what_the_walk_saw_and_never_what_a_planted_link_points_at(tree, monkeypatch):
+    """Through AnsibleModule as a task runs it: its add_path_info would stat the path following links and report
+    the target's owner, mode and size as the result's; and its invocation log would write a file's content to the
+    host's journal."""
+    _, owned, system = tree
+    os.symlink(system / "sudoers", owned / "token")
+    logged = []
+    monkeypatch.setattr(path_module.AnsibleModule, "_log_invocation", lambda self: logged.append(self.params))
+    args = {"path": str(owned / "token"), "state": "absent", "trusted_owner": OWNER, "host": "node1"}
+    result = run_module_main(path_module, args, check_mode=True)
+    assert (result["rc"], result["changed"], result["path"]) == (0, True, str(owned / "token"))
+    assert not {"uid", "owner", "mode", "size", "state"} & set(result), result
+    written = {"path": str(owned / "pip.conf"), "state": "file", "owner": OWNER, "trusted_owner": OWNER}
+    result = run_module_main(path_module, {**written, "mode": "0600", "content": "password = canary-4f1e\n"})
+    assert result["rc"] == 0 and "canary-4f1e" not in json.dumps(result)
+    assert (owned / "pip.conf").read_text() == "password = canary-4f1e\n" and logged == []
+    result = run_module_main(path_module, {**written, "mode": "0600", "force": True})
+    assert result["rc"] == 1 and "Unsupported parameters" in result["msg"] and "force" in result["msg"]
 
 
 def batch(items, check_mode=False, **common):

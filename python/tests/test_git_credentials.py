@@ -25,7 +25,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from p40fleet_dev.paths import REPO_ROOT
-from tests.source_modules import load_module
+from tests.source_modules import load_module, run_module_main
 from tests.test_pip_credentials import rendered, walk_tasks
 
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "fleet_state.py", "fleet_state_filters")
@@ -77,15 +77,25 @@ def test_a_url_whose_credentials_cannot_be_kept_apart_is_refused_without_showing
     assert SECRET not in str(raised.value) and "a%0Ab" not in str(raised.value)
 
 
-def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin():
+def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin_as_a_throwaway_account():
     found = []
-    for role, tasks in (("apex", "build.yml"), ("verl", "install.yml")):
+    for role, tasks, account in (
+        ("apex", "build.yml", "apex_build_account"),
+        ("verl", "checkout.yml", "verl_fetch_account"),
+    ):
         for task in walk_tasks(yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / tasks).read_text())):
             run = task.get("p40fleet.fleet.fleet_state_owner_run") or {}
-            if "fleet_state_git_checkout.sh" in str(run.get("argv")):
+            if "fleet_state_git_checkout.sh" in str(run.get("argv")) and "stdin" in run:
                 assert run["argv"][4] == f"{{{{ {role}_git_remote.url }}}}", role
                 assert run["stdin"] == f"{{{{ {role}_git_remote.stdin }}}}", role
+                # Never the env owner, whose git configuration and processes could read them.
+                assert run["owner"] == f"{{{{ {account} }}}}", role
                 found.append(role)
+            elif "fleet_state_git_checkout.sh" in str(run.get("argv")):
+                # verl's owner fetches from root's bundle, with no credentials, keeping the bare URL as origin.
+                assert (role, run["owner"]) == ("verl", "{{ conda_env_owner }}")
+                assert run["argv"][4] == "{{ verl_fetch_stage_dir }}/verl.bundle"
+                assert run["argv"][-1] == "{{ verl_git_remote.url }}"
     assert found == ["apex", "verl"]
 
 
@@ -216,7 +226,7 @@ def test_wrong_credentials_fail_without_a_prompt_and_without_showing_them(served
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another account needs root")
-def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials(served, monkeypatch, capsys):
+def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials(served):
     """As the roles run it: fleet_state_owner_run starts the script as another account (`nobody` plays the owner)."""
     run_module = load_module(REPO_ROOT / "plugins" / "modules" / "fleet_state_owner_run.py", "fleet_state_owner_run")
     remote = rules.fleet_state_git_remote(served.url, "node7")
@@ -238,12 +248,9 @@ def test_through_root_s_module_the_result_and_its_invocation_hold_no_credentials
             "environment": {"GIT_CONFIG_NOSYSTEM": "1"},
             "host": "node7",
         }
-        monkeypatch.setattr(run_module, "ARGUMENTS", json.dumps(arguments))
-        with pytest.raises(SystemExit) as exited:
-            run_module.main()
-        printed = capsys.readouterr().out
-        result = json.loads(printed)
-        assert exited.value.code == 0, result
+        result = run_module_main(run_module, arguments)
+        printed = json.dumps(result)
+        assert result["rc"] == 0, result
         assert f"after={served.commit}" in result["stdout"]
         assert served.seen["authorized"] > 0
         assert SECRET not in printed

@@ -143,7 +143,10 @@ def test_inventory_limit_and_play_target_problems(tmp_path):
 
     inventory = write_inventory(tmp_path / "inv", {"node1": dict(NOWHERE)})
     (problem,) = check(inventory, limit="node9").problems
-    assert problem == f"the limit 'node9' matches no host of {inventory.resolve()}"
+    assert problem == (
+        f"the limit 'node9' matches no host of {inventory.resolve()}: name a host or group it has "
+        f"(`ansible-inventory -i {inventory.resolve()} --graph` lists them)"
+    )
 
     elsewhere = tmp_path / "elsewhere.yml"
     elsewhere.write_text(yaml.safe_dump({"all": {"children": {"gpus": {"hosts": {"node1": NOWHERE}}}}}))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -35,6 +37,7 @@ from p40fleet.run import run_playbook
 from p40fleet_dev.paths import CACHE_DIR, REPO_ROOT, UPSTREAM_DIR
 from tests.gpu.cases import CASES
 from tests.launch_render import overrides_digest, render
+from tests.local_hosts import ROOT_PLAYS_OWNER
 from tests.source_modules import owner_script_text
 
 VERL_VERSION = "0.4.1"
@@ -199,10 +202,14 @@ def patched_verl(profiles: dict[str, dict], work: Path) -> dict[str, tuple[Path,
             "verl_patches_state_dir": str(work / name / "state"),
             "verl_patches_python": sys.executable,
             "verl_patches_profile": profile,
+            # The sdist is this process's own, in its temporary directory: its account plays the checkout's owner
+            # (root in CI, where no env owner account exists).
+            "verl_patches_source_owner": pwd.getpwuid(os.geteuid()).pw_name,
         }
     inventory = work / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    result = run_playbook(PATCH_PLAYBOOK, inventory, envvars={"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "f")})
+    envvars = {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "f"), **ROOT_PLAYS_OWNER}
+    result = run_playbook(PATCH_PLAYBOOK, inventory, envvars=envvars)
     if result.rc != 0:
         raise SystemExit(f"gpu bundle: verl_patches failed for {', '.join(profiles)}:\n{result.stdout[-3000:]}")
     return {
