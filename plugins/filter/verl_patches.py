@@ -7,7 +7,9 @@ tree, parents first. `probe_list | verl_patches_only(files)` keeps what the prob
 names, so a forged probe output can only shorten root's work, never point it elsewhere.
 `copies | verl_patches_pristine_batch(state_dir, contents, manifest)` is root's one fleet_state_path call for the
 pristine tree: the old applied record removed, the directories (parents first), each copy with the content the
-owner's probe read, the manifest last. Unit-tested in python/tests/test_verl_patches_rules.py.
+owner's probe read, the manifest last. `profile | verl_patches_plan(settings)` is what the GPU profile asks of
+the patch sets: the dtype and attention kernel in force, their spellings for the edits, and which groups of entries
+(`needs`) apply. Unit-tested in python/tests/test_verl_patches_rules.py.
 """
 
 from ansible.errors import AnsibleFilterError
@@ -68,6 +70,67 @@ def verl_patches_pristine_batch(copies, state_dir, contents, manifest):
     return batch
 
 
+# torch spelling, FSDP precision string and autocast arguments per profile dtype. fp32 turns the autocast off
+# (Pascal has no faster dtype to cast to). So does fp16: verl 0.4.1/0.5.0 train with a bare loss.backward() and no
+# loss scaler, and this model's per-token gradients lie near fp16's smallest normal, the classic silent underflow;
+# Volta and Turing train in fp32 until a verl with a scaler (0.6.1) is pinned.
+DTYPES = {
+    "float32": {"torch": "torch.float32", "precision": "fp32", "autocast": "dtype=torch.float32, enabled=False"},
+    "float16": {"torch": "torch.float16", "precision": "fp16", "autocast": "dtype=torch.float16, enabled=False"},
+    "bfloat16": {"torch": "torch.bfloat16", "precision": "bf16", "autocast": "dtype=torch.bfloat16"},
+}
+# What verl hard-codes, so what needs no edit.
+VERL_DTYPE = "bfloat16"
+VERL_ATTN = "flash_attention_2"
+
+
+def _flag(value):
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "on", "1")
+
+
+def verl_patches_plan(profile, settings):
+    """What the GPU profile asks of the patch sets.
+
+    settings: attn_implementation (the input; empty = the profile's), fallback_defaults (bool),
+    triton_smem_required (bytes of shared memory per block flash_attn's Triton kernel needs).
+    `known` is false for a dtype outside DTYPES (the role refuses it, naming `dtypes`); its spellings are then empty.
+    """
+    profile = profile if isinstance(profile, dict) else {}
+    dtype = str(profile.get("dtype", VERL_DTYPE))
+    attn = str(settings.get("attn_implementation") or "") or str(profile.get("attn_implementation", VERL_ATTN))
+    needs_patches = _flag(profile.get("needs_patches", False))
+    spelled = DTYPES.get(dtype, {"torch": "", "precision": "", "autocast": ""})
+    # hf_rollout goes with every profile that needs patches (all of gpu_preflight's): every profile generates with
+    # hf where no vLLM is installed, and the edits are inert for the vLLM/SGLang rollouts, which neither read
+    # hf_rollout.py nor lack `timing`.
+    active = []
+    if needs_patches:
+        active += ["dtype"] if dtype != VERL_DTYPE else []
+        active += ["fallback"] if _flag(settings.get("fallback_defaults", True)) and dtype != VERL_DTYPE else []
+        active += ["attn"] if attn != VERL_ATTN else []
+        smem = int(profile.get("shared_memory_per_block") or 0)
+        active += ["triton"] if smem < int(settings.get("triton_smem_required") or 0) else []
+        active += ["hf_rollout"]
+    return {
+        "dtype": dtype,
+        "known": dtype in DTYPES,
+        "dtypes": list(DTYPES),
+        "attn_implementation": attn,
+        "torch_dtype": spelled["torch"],
+        "precision": spelled["precision"],
+        "autocast": spelled["autocast"],
+        "active_needs": active,
+        # The profile keys that decide the edits: the applied record's identity (a card swap within one profile,
+        # P40 to P100, keeps the patches as they are).
+        "identity": {
+            "name": str(profile.get("name", "")),
+            "dtype": dtype,
+            "attn_implementation": attn,
+            "needs_patches": needs_patches,
+        },
+    }
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -75,4 +138,5 @@ class FilterModule:
             "verl_patches_parent_dirs": verl_patches_parent_dirs,
             "verl_patches_only": verl_patches_only,
             "verl_patches_pristine_batch": verl_patches_pristine_batch,
+            "verl_patches_plan": verl_patches_plan,
         }

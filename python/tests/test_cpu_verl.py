@@ -35,11 +35,11 @@ from tests.source_modules import load_module
 
 CPU_DIR = REPO_ROOT / "python" / "tests" / "cpu"
 PATCHSET = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main" / "patchsets" / "verl-0.4.1.yml"
-PATCH_VARS = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main" / "main.yml"
 HF_ROLLOUT = "verl/workers/rollout/hf_rollout.py"
 # GSM8K's test split (openai/gsm8k, main), as training_data converts it.
 TEST_ROWS = 1319
 edit = load_module(REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_edit.py", "verl_patches_edit")
+plan = load_module(REPO_ROOT / "plugins" / "filter" / "verl_patches.py", "verl_patches_filters").verl_patches_plan
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,7 @@ def patched_verl(root, skip=()):
         sdist.extractall(root, filter="data")
     tree = root / "verl-0.4.1"
     entries = next(iter(yaml.safe_load(PATCHSET.read_text()).values()))["entries"]
-    table = yaml.safe_load(PATCH_VARS.read_text())["verl_patches_dtype_table"]
-    values = {"verl_patches_autocast_args": table["float32"]["autocast"]}
+    values = {"verl_patches_autocast_args": plan({"dtype": "float32"}, {})["autocast"]}
     path = tree / HF_ROLLOUT
     data = path.read_bytes()
     applied = []

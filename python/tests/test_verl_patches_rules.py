@@ -104,3 +104,95 @@ def test_the_pristine_batch_takes_only_the_named_copies_and_refuses_one_without_
     assert [item["path"] for item in batch if item["state"] == "file"] == ["/s/pristine/verl/a.py", "/s/pristine.json"]
     with pytest.raises(AnsibleFilterError, match=r"gave no content for verl/a\.py"):
         rules.verl_patches_pristine_batch(["verl/a.py"], "/s", {}, "{}")
+
+
+# --- What a GPU profile asks of the patch sets (verl_patches_plan) -------------------------------------------------
+
+SETTINGS = {"attn_implementation": "", "fallback_defaults": True, "triton_smem_required": 81920}
+PASCAL = {
+    "name": "pascal",
+    "dtype": "float32",
+    "attn_implementation": "eager",
+    "needs_patches": True,
+    "shared_memory_per_block": 49152,
+}
+OFF = "dtype=torch.float32, enabled=False"
+
+# case -> (profile, settings over SETTINGS, (dtype, attn, torch dtype, precision, autocast, active needs))
+PLANS = {
+    "pascal": (
+        PASCAL,
+        {},
+        ("float32", "eager", "torch.float32", "fp32", OFF, ["dtype", "fallback", "attn", "triton", "hf_rollout"]),
+    ),
+    # fp16 spells fp16 but keeps the autocast off: verl 0.4.1/0.5.0 have no loss scaler.
+    "volta": (
+        dict(PASCAL, name="volta", dtype="float16", attn_implementation="sdpa", shared_memory_per_block=98304),
+        {},
+        (
+            "float16",
+            "sdpa",
+            "torch.float16",
+            "fp16",
+            "dtype=torch.float16, enabled=False",
+            ["dtype", "fallback", "attn", "hf_rollout"],
+        ),
+    ),
+    "modern_bf16_sdpa": (
+        dict(PASCAL, name="modern", dtype="bfloat16", attn_implementation="sdpa", shared_memory_per_block=101376),
+        {},
+        ("bfloat16", "sdpa", "torch.bfloat16", "bf16", "dtype=torch.bfloat16", ["attn", "hf_rollout"]),
+    ),
+    # The input wins over the profile's kernel; flash_attention_2 is verl's own, so no attn edit.
+    "attn_input_wins": (
+        PASCAL,
+        {"attn_implementation": "flash_attention_2"},
+        ("float32", "flash_attention_2", "torch.float32", "fp32", OFF, ["dtype", "fallback", "triton", "hf_rollout"]),
+    ),
+    "no_fallbacks": (
+        PASCAL,
+        {"fallback_defaults": False},
+        ("float32", "eager", "torch.float32", "fp32", OFF, ["dtype", "attn", "triton", "hf_rollout"]),
+    ),
+    # A profile that needs no patches activates nothing, whatever its dtype.
+    "needs_none": (dict(PASCAL, needs_patches=False), {}, ("float32", "eager", "torch.float32", "fp32", OFF, [])),
+    # No profile (state absent, a role used alone): verl's own bf16 and FlashAttention-2, nothing to edit.
+    "empty": ({}, {}, ("bfloat16", "flash_attention_2", "torch.bfloat16", "bf16", "dtype=torch.bfloat16", [])),
+    # A dtype the sets cannot spell is not known: the probe's check refuses it.
+    "unknown_dtype": (
+        dict(PASCAL, dtype="float8"),
+        {},
+        ("float8", "eager", "", "", "", ["dtype", "fallback", "attn", "triton", "hf_rollout"]),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLANS)
+def test_the_plan_spells_the_profiles_dtype_and_kernel_and_picks_the_needs(case):
+    profile, settings, (dtype, attn, torch_dtype, precision, autocast, active) = PLANS[case]
+    plan = rules.verl_patches_plan(profile, dict(SETTINGS, **settings))
+    assert (plan["dtype"], plan["attn_implementation"], plan["torch_dtype"], plan["precision"]) == (
+        dtype,
+        attn,
+        torch_dtype,
+        precision,
+    )
+    assert (plan["autocast"], plan["active_needs"]) == (autocast, active)
+    assert plan["known"] == (case != "unknown_dtype")
+    assert plan["identity"] == {
+        "name": profile.get("name", ""),
+        "dtype": dtype,
+        "attn_implementation": attn,
+        "needs_patches": bool(profile.get("needs_patches", False)),
+    }
+
+
+def test_every_need_a_shipped_profile_activates_is_one_the_patch_sets_carry():
+    profiles = yaml.safe_load((REPO_ROOT / "roles/gpu_preflight/defaults/main.yml").read_text())
+    carried = set()
+    for path in (ROLE / "vars" / "main" / "patchsets").glob("*.yml"):
+        for value in yaml.safe_load(path.read_text()).values():
+            carried |= {entry["needs"] for entry in value["entries"]}
+    for profile in profiles["gpu_preflight_profiles"]:
+        plan = rules.verl_patches_plan(profile, SETTINGS)
+        assert plan["known"] and set(plan["active_needs"]) <= carried, profile["name"]
