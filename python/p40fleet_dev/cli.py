@@ -8,6 +8,7 @@ run reported changes (the playbook is not idempotent).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from p40fleet_dev.sandbox import (
 )
 
 DEMO_PROFILES = ("p40", "p40-old-smi", "p40x2")
+# `sandbox up` starts its hosts from this podman image where set (a converged host, p40fleet_dev.images): the docs
+# test's seam, so the recipe's `p40fleet run` is a converged re-run there instead of minutes of a fresh converge.
+IMAGE_ENV = "P40FLEET_SANDBOX_IMAGE"
 
 LOGIN_HELP = (
     "how Ansible logs in: sudo (the ordinary user ops, password-less sudo), sudo-password (ops, sudo asks"
@@ -59,11 +63,26 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         else:
             profiles = [DEMO_PROFILES[i % len(DEMO_PROFILES)] for i in range(args.hosts)]
         console.print(f"Starting sandbox [bold]{args.name}[/] with {len(profiles)} host(s): {', '.join(profiles)}")
-        hosts = sandbox.up(profiles, login=args.login, os_name=args.os, services=args.services, standins=args.services)
+        # The tests' seam (docs/dev/sandbox-day.md): hosts started as copies of a converged host's image.
+        image = os.environ.get(IMAGE_ENV, "")
+        if image:
+            console.out(f"Hosts start from the converged image {image} ({IMAGE_ENV})", highlight=False)
+        hosts = sandbox.up(
+            profiles,
+            login=args.login,
+            os_name=args.os,
+            services=args.services,
+            standins=args.services,
+            image=image,
+            owner=args.owner or "",
+        )
         for host in hosts:
             console.print(f"  {host.name:8} {host.address:15} {host.profile}")
         if args.services:
-            console.out(STANDINS_NOTE.format(owner=standins.DEFAULT_OWNER, card=standins.DEFAULT_CARD), highlight=False)
+            owner = args.owner or standins.DEFAULT_OWNER
+            console.out(STANDINS_NOTE.format(owner=owner, card=standins.DEFAULT_CARD), highlight=False)
+        if args.owner:
+            console.out(f"Env owner {args.owner}: p40fleet_env_owner in {sandbox.inventory_dir}", highlight=False)
         if args.login == "sudo-password":
             console.print(f"sudo password of ops (for --become-password-file): {sandbox.become_password_file}")
         print(sandbox.inventory_dir)
@@ -160,6 +179,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stand-ins for systemctl, verl's trainer and the qualification's nvidia-smi, and the env owner, so that"
         " `p40fleet train` and `p40fleet qualify` run on the sandbox (docs/dev/sandbox.md)",
+    )
+    up.add_argument(
+        "--owner",
+        help="the env owner (p40fleet_env_owner, written into the sandbox inventory; default the roles' p40fleet):"
+        " with --services, the account the stand-ins run as",
     )
     ssub.add_parser("down", parents=[named])
     ssub.add_parser("status", parents=[named])

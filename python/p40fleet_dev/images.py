@@ -149,3 +149,10 @@ def _remove_older(tag: str, variant: str) -> None:
     stale = stale_images(listed.split(), tag, variant)
     if stale:
         podman("image", "rm", "-f", *stale, check=False)
+
+
+def owner_image(owner: str) -> str:
+    """converged_image's host converged for the env owner `owner` (p40fleet_env_owner as an extra var), logging in as
+    root: test_owner_fleet's fleet and docs/dev/sandbox-day.md's recipe (test_sandbox_docs) start from this one
+    image, so the same key builds it once per suite run."""
+    return converged_image(profile="p40", login="root", extra_vars={"p40fleet_env_owner": owner})

@@ -447,6 +447,8 @@ class Host:
     services: bool = False
     # Whether the operator's stand-ins are on the host (Sandbox.up(standins=True): `sandbox up --services`).
     standins: bool = False
+    # The env owner written into the inventory (p40fleet_env_owner; Sandbox.up(owner=...)), "" for the default.
+    owner: str = ""
     # The podman image the host started from where it is not the bare sandbox image (Sandbox.up(image=...)).
     image: str = ""
     # The controller's directories the host sees, read-only ({controller path: host path}; Sandbox.up(volumes=...)).
@@ -506,6 +508,7 @@ class Sandbox:
         image: str = "",
         volumes: Mapping[str, str] | None = None,
         standins: bool = False,
+        owner: str = "",
     ) -> list[Host]:
         """Start one host per profile (node1, node2, ...); a running sandbox with the same
         profiles, login, OS and mounts is kept as it is, any other is replaced. `login` is how Ansible logs
@@ -519,7 +522,10 @@ class Sandbox:
         {controller path: host path}: what a test needs on the hosts that is too large to copy (the CPU venv's
         torch). `standins` (with `services`) puts the stand-ins of p40fleet_dev.standins on every host and points
         train_run and gpu_qualify at them in the inventory, so `p40fleet train` and `p40fleet qualify` run as
-        written (`sandbox up --services`, docs/dev/sandbox.md)."""
+        written (`sandbox up --services`, docs/dev/sandbox.md). `owner` writes p40fleet_env_owner into the
+        inventory's sandbox group, the stand-ins then made for that account (`sandbox up --owner`)."""
+        if owner and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", owner):
+            raise SandboxError(f"the env owner {owner!r} is no account name: use lower-case letters, digits, _ and -")
         if standins and not services:
             raise SandboxError("the training and qualification stand-ins need the stand-in service manager (services)")
         if login not in LOGIN_MODES:
@@ -548,11 +554,11 @@ class Sandbox:
                 raise SandboxError(f"volume {source}:{target}: use absolute paths without ':'")
         current = self.hosts()
         wanted = [
-            (p, login, os_name, tmpfs.get(n, {}), services, image, volumes, standins)
+            (p, login, os_name, tmpfs.get(n, {}), services, image, volumes, standins, owner)
             for p, n in zip(profiles, names, strict=True)
         ]
         if [
-            (h.profile, h.login, h.os, h.tmpfs, h.services, h.image, h.volumes, h.standins) for h in current
+            (h.profile, h.login, h.os, h.tmpfs, h.services, h.image, h.volumes, h.standins, h.owner) for h in current
         ] == wanted and self._running(current):
             return current
         self.down()
@@ -595,18 +601,23 @@ class Sandbox:
         for host in hosts:
             host.image = image
             host.standins = standins
+            host.owner = owner
         self._save_hosts(hosts)
         if standins:
             try:
                 for host in hosts:
-                    standins_mod.install_operator_standins(self, host.name)
+                    standins_mod.install_operator_standins(self, host.name, owner or standins_mod.DEFAULT_OWNER)
             except BaseException:
                 self.down()
                 raise
         self._write_known_hosts(hosts)
         # Where the stand-ins lie on the controller: the hash locks made with them are read from there.
         standin_vars = {**artifacts.group_vars, "p40fleet_sandbox_mirror_dir": str(artifacts.mirror_dir)}
-        self._write_inventory(hosts, {**standin_vars, **(standins_mod.OPERATOR_VARS if standins else {})})
+        operator_vars = {
+            **(standins_mod.OPERATOR_VARS if standins else {}),
+            **({"p40fleet_env_owner": owner} if owner else {}),
+        }
+        self._write_inventory(hosts, {**standin_vars, **operator_vars})
         for host in hosts:
             _wait_for_port(host.address, 22)
         return hosts

@@ -70,17 +70,20 @@ REVIEWED: dict[str, str] = {
     "sandbox host from outside the checkout (review 2026-12-07: one converge, what the acceptance asks for)",
     "python/tests/test_cpu_verl.py": "verl 0.4.1's and transformers' real code on a CPU: rollout positions with "
     "and without the patch, validation chunks and start-up checks for 1 to 8 GPUs, each with its negative control",
-    "python/tests/test_sandbox_docs.py": "docs/dev/sandbox.md's qualify and train recipe run as written, from "
-    "`sandbox up --services` to `down`: one host, seven commands, each its own ansible-playbook or podman start "
-    "(reviewed 2026-12-07: 43 s at load average 10, 255 s at 15-19; the only test of the operator's path through "
-    "the sandbox CLI)",
+    "python/tests/test_sandbox_docs.py": "docs/dev/sandbox-day.md's operator's day for the env owner trainer run as "
+    "written, from `sandbox up --services --owner trainer` to `down`: one host started from test_owner_fleet's "
+    "converged image (built once for both), a converged re-run, a refresh, qualify, report in text and HTML, train "
+    "start/status/stop/resume and four bad inputs, each command its own ansible-playbook or podman start (the only "
+    "test of the operator's path through the sandbox CLI; review 2026-12-07: the docs' own commands replace "
+    "test_owner_fleet's re-run, train and bad-input tests)",
     "python/tests/test_gpu_qualify.py": "playbooks/qualify.yml twice over real SSH and sudo, one recorded card per "
     "host, the second run judging a card from the history the first kept",
     "python/tests/test_gpu_preflight.py": "one ansible-playbook run judging every GPU setup preflight knows, one "
     "host each, and a driver change on a converged host",
     # Added by the issue-58 owner branch, for the lead's review: its image is a second whole-pipeline converge.
     "python/tests/test_owner_fleet.py": "a fresh host through site.yml for a non-default env owner (issues 58/59's "
-    "acceptance): the image of that variant is built once, a default-owner host cannot show it",
+    "acceptance): the image of that variant is built once (test_sandbox_docs.py's day starts from it too), a "
+    "default-owner host cannot show it; then another owner refused and qualify's load run as that owner",
 }
 
 # --durations lines under xdist: "12.34s call     path::test@unit".
