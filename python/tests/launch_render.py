@@ -32,7 +32,7 @@ ENV_PREFIX = "/opt/miniconda3/envs/verl-env"
 INPUTS = {
     "conda_env_prefix": ENV_PREFIX,
     "conda_env_python": f"{ENV_PREFIX}/bin/python",
-    "cuda_toolkit_home": CUDA_HOME,
+    "p40fleet_cuda_home": CUDA_HOME,
     "cuda_toolkit_env_file": "/etc/p40fleet/cuda-11.8.sh",
     "verl_version": "0.4.1",
     "training_data_train_file": "/srv/data/gsm8k/train.parquet",

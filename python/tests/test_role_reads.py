@@ -66,7 +66,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             ),
             CONDA,
         ),
-        "cuda_toolkit": (("cuda_toolkit_home",), CUDA),
         "pytorch": (
             (
                 "pytorch_lock_content",
@@ -79,16 +78,15 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         ),
     },
     "artifact_fetch": {"conda_env": (("conda_env_owner",), CONDA)},
-    "cudnn": {"cuda_toolkit": (("cuda_toolkit_home",), CUDA)},
     "fleet_state": {"gpu_preflight": (("gpu_preflight_state_file",), "the state probe reads where preflight saves")},
     "gpu_preflight": {
         "conda_env": (("conda_env_download_dir",), PREFLIGHT_DIRS),
-        "cuda_toolkit": (("cuda_toolkit_download_dir", "cuda_toolkit_home", "cuda_toolkit_tmpdir"), PREFLIGHT_DIRS),
+        "cuda_toolkit": (("cuda_toolkit_download_dir", "cuda_toolkit_tmpdir"), PREFLIGHT_DIRS),
         "cudnn": (("cudnn_download_dir", "cudnn_prefix"), PREFLIGHT_DIRS),
     },
     "launch_script": {
         "conda_env": (("conda_env_prefix", "conda_env_python"), LAUNCH_INPUTS),
-        "cuda_toolkit": (("cuda_toolkit_env_file", "cuda_toolkit_home"), LAUNCH_INPUTS),
+        "cuda_toolkit": (("cuda_toolkit_env_file",), LAUNCH_INPUTS),
         "gpu_qualify": (("gpu_qualify_history_file",), LAUNCH_INPUTS),
         "training_data": (
             ("training_data_model_path", "training_data_test_file", "training_data_train_file"),

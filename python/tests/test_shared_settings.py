@@ -86,6 +86,12 @@ RESOLVED = {
         {"p40fleet_conda_prefix": PREFIX},
         ["conda_env_install_prefix"],
     ),
+    # The side CUDA: cuDNN, Apex, the launch script and preflight read p40fleet_cuda_home, never cuda_toolkit's copy.
+    "the_cuda_home": (
+        {"cuda_toolkit_home": "/opt/cuda"},
+        {"p40fleet_cuda_home": "/usr/local/cuda-11.8"},
+        ["cuda_toolkit_home"],
+    ),
     # A value only the run can read (a template, a vaulted one) is left to the run.
     "a_template": ({"conda_env_owner": "{{ someone }}"}, {"p40fleet_env_owner": OWNER}, []),
 }
