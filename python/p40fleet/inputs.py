@@ -575,6 +575,7 @@ def validate_variables(
 SHARED_SETTINGS = {
     "conda_env_owner": "p40fleet_env_owner",
     "conda_env_install_prefix": "p40fleet_conda_prefix",
+    "conda_env_name": "p40fleet_conda_env_name",
     "cuda_toolkit_home": "p40fleet_cuda_home",
     "launch_script_work_dir": "p40fleet_work_dir",
 }

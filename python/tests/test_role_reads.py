@@ -36,14 +36,19 @@ HOSTVARS = re.compile(r"hostvars\[[^\]]+\]\.([a-z_][a-z0-9_]*)")
 NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 
 # Why an entry is still here. Each names the issue that removes it.
-CONDA = "conda_env publishes its env as role vars, not one plan fact (issue 59: a conda_env plan fact)"
+CONDA = (
+    "the lock's Python is conda_env's input (issue 59: a shared p40fleet_ setting, as the env's paths and owner are)"
+)
+APEX_INSTALLER = (
+    "apex's builder env comes from conda_env's installer and Python (issue 59: a shared setting or plan fact)"
+)
 CUDA = "cuda_toolkit publishes cuda_toolkit_home under its input's name (issue 59: p40fleet_cuda_home or a plan fact)"
 PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (issue 59: a published plan of each)"
 # launch_script_plan is built from the earlier stages' variables (launch_script's defaults read them), so the play
 # that asks for it still lists those roles.
 LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
-PATCH_INPUTS = "verl_patches' inputs default to the verl and conda_env variables (issue 59: their plan facts)"
+PATCH_INPUTS = "verl_patches' inputs default to the verl variables (issue 59: a verl plan fact)"
 MIRROR = "a stage's mirror defaults to artifact_fetch's (issue 59: a shared p40fleet_ setting)"
 CLUSTER_NAME = "qualify groups the hosts by cluster through ray_cluster's input (issue 59: a shared p40fleet_ setting)"
 CLUSTER = "train_run reads ray_cluster's variables for the cluster it submits to (issue 59: a ray_cluster plan fact)"
@@ -59,12 +64,9 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                 "conda_env_installer_path",
                 "conda_env_installer_sha256",
                 "conda_env_installer_url",
-                "conda_env_owner",
-                "conda_env_prefix",
-                "conda_env_python",
                 "conda_env_python_version",
             ),
-            CONDA,
+            APEX_INSTALLER,
         ),
         "pytorch": (
             (
@@ -77,7 +79,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "apex builds against pytorch's lock, read from pytorch's variables (issue 59: a pytorch plan fact)",
         ),
     },
-    "artifact_fetch": {"conda_env": (("conda_env_owner",), CONDA)},
     "fleet_state": {"gpu_preflight": (("gpu_preflight_state_file",), "the state probe reads where preflight saves")},
     "gpu_preflight": {
         "conda_env": (("conda_env_download_dir",), PREFLIGHT_DIRS),
@@ -85,7 +86,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "cudnn": (("cudnn_download_dir", "cudnn_prefix"), PREFLIGHT_DIRS),
     },
     "launch_script": {
-        "conda_env": (("conda_env_prefix", "conda_env_python"), LAUNCH_INPUTS),
         "cuda_toolkit": (("cuda_toolkit_env_file",), LAUNCH_INPUTS),
         "gpu_qualify": (("gpu_qualify_history_file",), LAUNCH_INPUTS),
         "training_data": (
@@ -141,7 +141,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     },
     "pytorch": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_owner", "conda_env_prefix", "conda_env_python", "conda_env_python_version"), CONDA),
+        "conda_env": (("conda_env_python_version",), CONDA),
     },
     "train_run": {
         "launch_script": (
@@ -150,13 +150,11 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         ),
         "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name", "ray_cluster_submit_script"), CLUSTER),
     },
-    "training_data": {"conda_env": (("conda_env_python",), CONDA)},
     "verl": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_owner", "conda_env_prefix", "conda_env_python", "conda_env_python_version"), CONDA),
+        "conda_env": (("conda_env_python_version",), CONDA),
     },
     "verl_patches": {
-        "conda_env": (("conda_env_owner", "conda_env_python"), PATCH_INPUTS),
         "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),
     },
 }

@@ -92,6 +92,8 @@ RESOLVED = {
         {"p40fleet_cuda_home": "/usr/local/cuda-11.8"},
         ["cuda_toolkit_home"],
     ),
+    # The env's name: the later stages find the env by p40fleet_conda_env_name, never conda_env's copy.
+    "the_env_name": ({"conda_env_name": "other"}, {"p40fleet_conda_env_name": "verl-env"}, ["conda_env_name"]),
     # A value only the run can read (a template, a vaulted one) is left to the run.
     "a_template": ({"conda_env_owner": "{{ someone }}"}, {"p40fleet_env_owner": OWNER}, []),
 }
