@@ -33,7 +33,7 @@ INPUTS = {
     "p40fleet_conda_env_dir": ENV_PREFIX,
     "p40fleet_conda_python": f"{ENV_PREFIX}/bin/python",
     "p40fleet_cuda_home": CUDA_HOME,
-    "cuda_toolkit_env_file": "/etc/p40fleet/cuda-11.8.sh",
+    "p40fleet_cuda_env_file": "/etc/p40fleet/cuda-11.8.sh",
     "verl_version": "0.4.1",
     "training_data_train_file": "/srv/data/gsm8k/train.parquet",
     "training_data_test_file": "/srv/data/gsm8k/test.parquet",

@@ -86,7 +86,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "cudnn": (("cudnn_download_dir", "cudnn_prefix"), PREFLIGHT_DIRS),
     },
     "launch_script": {
-        "cuda_toolkit": (("cuda_toolkit_env_file",), LAUNCH_INPUTS),
         "gpu_qualify": (("gpu_qualify_history_file",), LAUNCH_INPUTS),
         "training_data": (
             ("training_data_model_path", "training_data_test_file", "training_data_train_file"),
@@ -165,7 +164,7 @@ ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 # playbook -> the roles it lists with `tags: [never]` only so that their variables are known.
 ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "playbooks/cluster.yml": (
-        ("conda_env", "cuda_toolkit", "training_data", "verl"),
+        ("training_data", "verl"),
         LAUNCH,
     ),
     "playbooks/state.yml": (
