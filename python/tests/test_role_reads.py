@@ -143,10 +143,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "conda_env": (("conda_env_python_version",), CONDA),
     },
     "train_run": {
-        "launch_script": (
-            ("launch_script_path_effective",),
-            "train_run finds the script through launch_script's paths (issue 59: launch_script_plan)",
-        ),
         "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name", "ray_cluster_submit_script"), CLUSTER),
     },
     "verl": {
@@ -183,7 +179,6 @@ ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the state probe reads each stage's markers from its role vars (issue 59: each stage's plan fact)",
     ),
-    "playbooks/train.yml": (("launch_script",), "train_run finds the script through launch_script's paths (issue 59)"),
 }
 
 
