@@ -143,7 +143,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "conda_env": (("conda_env_python_version",), CONDA),
     },
     "train_run": {
-        "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name", "ray_cluster_submit_script"), CLUSTER),
+        "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name"), CLUSTER),
     },
     "verl": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
