@@ -575,6 +575,9 @@ def validate_variables(
 SHARED_SETTINGS = {
     "conda_env_owner": "p40fleet_env_owner",
     "conda_env_install_prefix": "p40fleet_conda_prefix",
+    "conda_env_name": "p40fleet_conda_env_name",
+    "cuda_toolkit_home": "p40fleet_cuda_home",
+    "cuda_toolkit_env_file": "p40fleet_cuda_env_file",
     "launch_script_work_dir": "p40fleet_work_dir",
 }
 SHARED_DEFAULTS_FILE = ROLES_DIR / "p40fleet_defaults" / "defaults" / "main.yml"
