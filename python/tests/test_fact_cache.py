@@ -45,15 +45,20 @@ READ = """---
 """
 
 
-def play(tmp_path: Path, text: str) -> str:
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(text)
+def write_inventory(tmp_path: Path) -> Path:
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
             {"all": {"hosts": {HOST: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
         )
     )
+    return inventory
+
+
+def play(tmp_path: Path, text: str) -> str:
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(text)
+    inventory = write_inventory(tmp_path)
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_CACHE") and not k.startswith("ANSIBLE_FACT")
     }
@@ -106,12 +111,7 @@ def test_p40fleet_runs_keep_facts_in_memory_whatever_the_environment_names(tmp_p
     monkeypatch.setenv("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(shared))
     playbook = tmp_path / "forge.yml"
     playbook.write_text(FORGE)
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {"all": {"hosts": {HOST: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
-        )
-    )
+    inventory = write_inventory(tmp_path)
     forged = run_playbook(playbook, inventory, state_dir=tmp_path / "state")
     assert forged.rc == 0, forged.stdout
     assert json.loads((forged.artifact_dir / "command").read_text())["env"]["ANSIBLE_CACHE_PLUGIN"] == "memory"
