@@ -164,13 +164,16 @@ GPU_PYTHON_VERSION ?= 3.12
 # The cases the check runs (a refused case keeps its record: its evidence is an earlier run).
 GPU_CASES ?= p40-1x,t4-1x-hf
 GPU_OUT ?= .runs/gpu-check
+# A case whose smoke and full batch outlast one call ran in two (GPU_CHECK_ARGS=--full-steps 0, then --smoke-steps
+# 0): name both results.json files here, and gpu-records merges them (records.merged).
+GPU_RESULTS ?= $(CURDIR)/$(GPU_OUT)/results.json
 gpu-bundle: venv fixtures
 	cd python && $(BIN)/python -m tests.gpu.bundle --out $(CURDIR)/.gpu --python-version $(GPU_PYTHON_VERSION)
 
 gpu-check: gpu-bundle
 	python3 -m pip install -q --no-index --no-deps --target .gpu/site .gpu/wheels/*.whl
 	PYTHONPATH=$(CURDIR)/.gpu/site python3 python/tests/gpu/run_check.py --bundle .gpu --out $(GPU_OUT) \
-	  --cases $(GPU_CASES) --site $(CURDIR)/.gpu/site
+	  --cases $(GPU_CASES) --site $(CURDIR)/.gpu/site $(GPU_CHECK_ARGS)
 
 # The step-time sweep (python/tests/gpu/sweep.py): the 1x P40 rendering under its cap, one configuration at a time,
 # alone on the GPU; gpu-sweep-record writes its record beside the others in docs/gpu-runs/.
@@ -198,7 +201,7 @@ gpu-sweep-record: venv
 	  --manifest $(CURDIR)/.gpu/manifest.json $(GPU_SWEEP_RECORD_ARGS)
 
 gpu-records: venv
-	cd python && $(BIN)/python -m tests.gpu.records --results $(CURDIR)/$(GPU_OUT)/results.json \
+	cd python && $(BIN)/python -m tests.gpu.records --results $(GPU_RESULTS) \
 	  --manifest $(CURDIR)/.gpu/manifest.json --cases $(GPU_CASES)
 
 gpu-learn-record: venv

@@ -10,10 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from p40fleet import fleet
 from p40fleet import report as report_mod
 from p40fleet.api import (
@@ -30,6 +26,7 @@ from p40fleet.api import (
 )
 from p40fleet.inputs import InventoryError, load_inventory
 from p40fleet.lock import RunLocked
+from p40fleet.output import StderrConsole
 from p40fleet.paths import ANSIBLE_DIR
 from p40fleet.progress import make_progress, one_line, printable
 from p40fleet.run import RunError, ansible_env
@@ -48,7 +45,8 @@ __all__ = [
     "main",
 ]
 
-console = Console(stderr=True, highlight=False)
+# rich's console on standard error, imported only where a line needs more than plain text (python/p40fleet/output.py).
+console = StderrConsole()
 
 
 def _provision(args: argparse.Namespace, inventory: Path, label: str):
@@ -209,6 +207,9 @@ def print_records(records: list[fleet.HostRecord], totals: dict) -> None:
         f"{n} {status}" for status, n in totals.items() if status != "hosts" and n
     )
     if console.is_terminal:
+        from rich.markup import escape
+        from rich.table import Table
+
         table = Table(title=escape(head))
         for column in ("host", "status", "GPU", "driver", "profile", "CUDA", "torch", "verl", "patch set", "last run"):
             table.add_column(column, overflow="fold")
@@ -283,6 +284,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from p40fleet import cluster
 
     inventory = Path(args.inventory)
@@ -306,6 +309,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from p40fleet import train
 
     inventory = Path(args.inventory)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from p40fleet.run import STAT_KEYS, _failure_message, _stats_from
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+
+# rich is imported by the live table only: plain lines need none of it (python/p40fleet/output.py).
 
 STATE_STYLES = {
     "waiting": "dim",
@@ -155,6 +155,10 @@ class LiveProgress:
     """A table per host (stage, task, counts), redrawn in place; failures printed above it."""
 
     def __init__(self, console: Console, label: str) -> None:
+        from rich.live import Live
+
+        # p40fleet's StderrConsole hands over the rich Console it stands for.
+        console = getattr(console, "rich", console)
         self.console = console
         self.label = label
         self.tracker = Tracker()
@@ -162,6 +166,11 @@ class LiveProgress:
         self.started = False
 
     def render(self) -> Group:
+        from rich.console import Group
+        from rich.markup import escape
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table(expand=True, pad_edge=False, box=None, header_style="bold")
         table.add_column("host", no_wrap=True)
         table.add_column("state", no_wrap=True)
@@ -195,6 +204,8 @@ class LiveProgress:
         if kind in ("runner_on_failed", "runner_on_unreachable"):
             line = event_line(self.label, event)
             if line is not None:
+                from rich.text import Text
+
                 self.live.console.print(Text(line, style="red"))
         self.live.update(self.render())
 

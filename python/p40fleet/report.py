@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from p40fleet.exit_codes import meaning
 from p40fleet.progress import one_line
 from p40fleet.state import now
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 REPORT_SCHEMA = "p40fleet.report/v1"
 STATE_COLOURS = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "interrupted": "cyan"}
@@ -83,6 +83,10 @@ def print_summary(console: Console, report: dict, plain: bool | None = None) -> 
                     line += f" first failure: {where}: {one_line(first['message'])}"
                 console.out(line, highlight=False)
         else:
+            # rich only for the table: plain lines need none of it (python/p40fleet/output.py).
+            from rich.markup import escape
+            from rich.table import Table
+
             table = Table(title=escape(title))
             for column in ("host", "state", "ok", "changed", "failed", "unreachable", "skipped"):
                 table.add_column(column, no_wrap=True)

@@ -69,6 +69,10 @@ class RunError(RuntimeError):
     pass
 
 
+# The fact cache of every run (run_playbook).
+FACT_CACHE = "memory"
+
+
 # Opt-in: P40FLEET_MITOGEN=1 runs the playbook with mitogen's linear strategy (pip install -c constraints.txt
 # mitogen). make bench measures it (--mitogen); docs/benchmarks-settings.md says what it gains and what it rests on.
 MITOGEN_SWITCH = "P40FLEET_MITOGEN"
@@ -408,6 +412,11 @@ def run_playbook(
                 command_file.write_text(json.dumps(recorded, ensure_ascii=False), encoding="utf-8")
 
     env = ansible_env(inventory, envvars, pass_env)
+    # Facts live for one run, in memory, as ansible.cfg's own runs keep them (docs/privileges.md), whatever cache
+    # the caller's environment names; a caller's envvars may still name another. ansible-runner's default, a
+    # jsonfile cache in the run's artifacts, overrode both and cost a converged 4-host site.yml about 0.5 s of
+    # controller CPU over plain ansible-playbook (docs/benchmarks-overhead.md).
+    env["ANSIBLE_CACHE_PLUGIN"] = (envvars or {}).get("ANSIBLE_CACHE_PLUGIN", FACT_CACHE)
     started = now()
     items = [extravars] if isinstance(extravars, Mapping) else list(extravars or [])
     with contextlib.ExitStack() as stack:
@@ -427,6 +436,7 @@ def run_playbook(
             quiet=True,
             suppress_env_files=True,
             rotate_artifacts=0,
+            fact_cache_type=FACT_CACHE,
         )
         config.prepare()
         # ansible-runner seeds the run's environment with all of ours: keep only what ansible

@@ -30,10 +30,10 @@ PREFLIGHT = yaml.safe_load((REPO_ROOT / "roles" / "gpu_preflight" / "defaults" /
 # replaces these paths with its own on the GPU machine, and nothing else.
 ENV_PREFIX = "/opt/miniconda3/envs/verl-env"
 INPUTS = {
-    "conda_env_prefix": ENV_PREFIX,
-    "conda_env_python": f"{ENV_PREFIX}/bin/python",
-    "cuda_toolkit_home": CUDA_HOME,
-    "cuda_toolkit_env_file": "/etc/p40fleet/cuda-11.8.sh",
+    "p40fleet_conda_env_dir": ENV_PREFIX,
+    "p40fleet_conda_python": f"{ENV_PREFIX}/bin/python",
+    "p40fleet_cuda_home": CUDA_HOME,
+    "p40fleet_cuda_env_file": "/etc/p40fleet/cuda-11.8.sh",
     "verl_version": "0.4.1",
     "training_data_train_file": "/srv/data/gsm8k/train.parquet",
     "training_data_test_file": "/srv/data/gsm8k/test.parquet",

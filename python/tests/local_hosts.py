@@ -31,9 +31,9 @@ def run_verl_role(run_playbook, tmp_path: Path, extra: dict):
     playbook.write_text(f"- hosts: all\n  gather_facts: false\n  roles:\n    - role: {REPO_ROOT / 'roles' / 'verl'}\n")
     env = tmp_path / "env"
     variables = {
-        "conda_env_prefix": str(env),
-        "conda_env_python": str(env / "bin" / "python"),
-        "conda_env_owner": "nobody",
+        "p40fleet_conda_env_dir": str(env),
+        "p40fleet_conda_python": str(env / "bin" / "python"),
+        "p40fleet_env_owner": "nobody",
         "verl_checkout_dir": str(tmp_path / "verl"),
         **extra,
     }

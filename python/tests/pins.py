@@ -22,8 +22,8 @@ VERL_COMMIT: str = DEFAULTS["p40fleet_verl_commit"]
 
 def role_defaults(role: str) -> dict:
     """A role's defaults/main.yml with every value that reads a p40fleet_ fact rendered, as a play would see it
-    where the role's other variables are not set (`{{ cuda_toolkit_home | default(p40fleet_cuda_home) }}` is the
-    fleet's CUDA home)."""
+    where the role's other variables are not set (`{{ cudnn_prefix | default(p40fleet_cudnn_prefix) }}` is the
+    fleet's cuDNN prefix)."""
     defaults = yaml.safe_load((ROLES_DIR / role / "defaults" / "main.yml").read_text(encoding="utf-8")) or {}
     return {
         name: jinja2.Template(value).render(DEFAULTS) if isinstance(value, str) and "p40fleet_" in value else value

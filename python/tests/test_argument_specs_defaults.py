@@ -2,7 +2,7 @@
 
 Role argument validation does not apply an argument spec's `default` (defaults/main.yml does), so a spec default
 is documentation only, and two had drifted (verl_check_overrides: 2 items against 7; cudnn_cuda_home: a literal
-path against the published cuda_toolkit_home). No containers.
+path against the fleet's CUDA home). No containers.
 """
 
 from __future__ import annotations

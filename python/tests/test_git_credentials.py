@@ -93,7 +93,7 @@ def test_every_checkout_takes_the_bare_url_and_its_credentials_on_stdin_as_a_thr
                 found.append(role)
             elif "fleet_state_git_checkout.sh" in str(run.get("argv")):
                 # verl's owner fetches from root's bundle, with no credentials, keeping the bare URL as origin.
-                assert (role, run["owner"]) == ("verl", "{{ conda_env_owner }}")
+                assert (role, run["owner"]) == ("verl", "{{ verl_owner }}")
                 assert run["argv"][4] == "{{ verl_fetch_stage_dir }}/verl.bundle"
                 assert run["argv"][-1] == "{{ verl_git_remote.url }}"
     assert found == ["apex", "verl"]

@@ -366,7 +366,7 @@ CASES: dict[str, tuple[dict, dict, tuple]] = {
         (
             "refused",
             [
-                f"too little disk: {CUDA_HOME} (CUDA 11.8 toolkit, cuda_toolkit_home, 7 GiB) + "
+                f"too little disk: {CUDA_HOME} (CUDA 11.8 toolkit, p40fleet_cuda_home, 7 GiB) + "
                 "/var/tmp/p40fleet (CUDA runfile extraction, cuda_toolkit_tmpdir, 10 GiB) + ",
                 "/opt/miniconda3 (Miniconda and the verl env, p40fleet_conda_prefix, 20 GiB)",
                 "/home (PPO checkpoints, 2 kept of about 12 GiB, p40fleet_work_dir, 24 GiB)",
@@ -541,7 +541,7 @@ def test_disk_checks_follow_the_other_roles_defaults():
         role_default = PINS[match[1]] if match[1] in PINS else fleet_value(defaults[match[1]])
         assert role_default == ("" if match[4] else fallback(match)), match[0]
     assert {m[1] for m in filter(None, shared + fallbacks)} >= {
-        "cuda_toolkit_home",
+        "p40fleet_cuda_home",
         "cuda_toolkit_tmpdir",
         "cuda_toolkit_download_dir",
         "p40fleet_conda_prefix",

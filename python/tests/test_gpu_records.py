@@ -95,16 +95,6 @@ def test_passing_records_ran_every_step_with_today_s_patch_set(records):
         assert entry["tf32"] == (entry["dtype"] != "float32")
 
 
-# A record of the P40 rendering taken before the GPU check sampled the whole device (ECC-on card, whole-device budget):
-# pending until the check runs again (`make gpu-check`); strict, so the new record must pass.
-WHOLE_DEVICE_PENDING = "card_total_mib" not in json.loads((RECORDS / "p40-1x.json").read_text())
-
-
-@pytest.mark.xfail(
-    WHOLE_DEVICE_PENDING,
-    strict=True,
-    reason="pending: docs/gpu-runs/p40-1x.json predates the whole-device sampling; run make gpu-check on a GPU",
-)
 def test_passing_records_fit_the_whole_card_they_emulate(records):
     """Every process's device memory, sampled through each run with the run alone on the GPU, less the GPU machine's
     extra context, within the card's reported total as today's case emulates it (22,888 MiB for the P40, ECC on);

@@ -80,7 +80,7 @@ TRAINER = len(prefix(REPO_ROOT)) + 3
 def test_the_job_is_the_launch_scripts_overrides_then_the_clusters(submit, launch):
     argv, env, address = printed(submit, "trainer.total_epochs=2")
     assert argv[: TRAINER - 3] == prefix(submit.parent)
-    assert argv[TRAINER - 3 : TRAINER] == [INPUTS["conda_env_python"], "-m", "verl.trainer.main_ppo"]
+    assert argv[TRAINER - 3 : TRAINER] == [INPUTS["p40fleet_conda_python"], "-m", "verl.trainer.main_ppo"]
     assert argv[TRAINER:] == [*launch.overrides, *CLUSTER, "trainer.total_epochs=2"]
     assert "trainer.nnodes=3" in launch.overrides
     assert env == {
@@ -108,7 +108,7 @@ def test_smoke_is_the_launch_scripts_smoke_for_three_nodes(submit, launch):
 
 def test_nodes_job_and_refusals(submit):
     argv, _, _ = printed(submit, "--nodes")
-    assert argv == [INPUTS["conda_env_python"], str(submit.parent / "libexec" / "ray_nodes_job.py")]
+    assert argv == [INPUTS["p40fleet_conda_python"], str(submit.parent / "libexec" / "ray_nodes_job.py")]
     for bad in (["--full-batch"], ["--smoke", "0"], ["--bogus"]):
         done = subprocess.run([str(submit), *bad, "--print"], capture_output=True, text=True, check=False)
         assert done.returncode == 2 and re.search(r"(goes with --smoke|at least 1 step|unknown option)", done.stderr)

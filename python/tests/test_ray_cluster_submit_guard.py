@@ -63,7 +63,7 @@ def head():
             PLAN,
             OWNER,
             ("--diff",),
-            conda_env_python=str(python),
+            p40fleet_conda_python=str(python),
             launch_script_work_dir=str(work / "runs"),
             launch_script_environment={"WANDB_API_KEY": SECRET, "WANDB_MODE": "offline"},
             ray_cluster_ray_bin=str(ray),

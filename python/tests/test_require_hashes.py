@@ -102,7 +102,7 @@ def test_the_apex_wheel_check_runs_with_the_system_python_not_the_owners():
     build = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "tasks" / "build.yml").read_text())
     (task,) = [t for t in tasks(build) if t["name"] == "List the extension modules in the built wheel"]
     assert "apex_system_python" in task["ansible.builtin.command"]["argv"]
-    assert "conda_env_python" not in task["ansible.builtin.command"]["argv"]
+    assert "p40fleet_conda_python" not in task["ansible.builtin.command"]["argv"]
     # As root, on root's own copies of the wheel and the log (in directories only root writes), never the owner's.
     assert "become_user" not in task
     assert "apex_built_stage_dir" in task["ansible.builtin.command"]["argv"]

@@ -36,14 +36,19 @@ HOSTVARS = re.compile(r"hostvars\[[^\]]+\]\.([a-z_][a-z0-9_]*)")
 NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 
 # Why an entry is still here. Each names the issue that removes it.
-CONDA = "conda_env publishes its env as role vars, not one plan fact (issue 59: a conda_env plan fact)"
+CONDA = (
+    "the lock's Python is conda_env's input (issue 59: a shared p40fleet_ setting, as the env's paths and owner are)"
+)
+APEX_INSTALLER = (
+    "apex's builder env comes from conda_env's installer and Python (issue 59: a shared setting or plan fact)"
+)
 CUDA = "cuda_toolkit publishes cuda_toolkit_home under its input's name (issue 59: p40fleet_cuda_home or a plan fact)"
 PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (issue 59: a published plan of each)"
 # launch_script_plan is built from the earlier stages' variables (launch_script's defaults read them), so the play
 # that asks for it still lists those roles.
 LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
-PATCH_INPUTS = "verl_patches' inputs default to the verl and conda_env variables (issue 59: their plan facts)"
+PATCH_INPUTS = "verl_patches' inputs default to the verl variables (issue 59: a verl plan fact)"
 MIRROR = "a stage's mirror defaults to artifact_fetch's (issue 59: a shared p40fleet_ setting)"
 CLUSTER_NAME = "qualify groups the hosts by cluster through ray_cluster's input (issue 59: a shared p40fleet_ setting)"
 CLUSTER = "train_run reads ray_cluster's variables for the cluster it submits to (issue 59: a ray_cluster plan fact)"
@@ -59,14 +64,10 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                 "conda_env_installer_path",
                 "conda_env_installer_sha256",
                 "conda_env_installer_url",
-                "conda_env_owner",
-                "conda_env_prefix",
-                "conda_env_python",
                 "conda_env_python_version",
             ),
-            CONDA,
+            APEX_INSTALLER,
         ),
-        "cuda_toolkit": (("cuda_toolkit_home",), CUDA),
         "pytorch": (
             (
                 "pytorch_lock_content",
@@ -78,17 +79,13 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "apex builds against pytorch's lock, read from pytorch's variables (issue 59: a pytorch plan fact)",
         ),
     },
-    "artifact_fetch": {"conda_env": (("conda_env_owner",), CONDA)},
-    "cudnn": {"cuda_toolkit": (("cuda_toolkit_home",), CUDA)},
     "fleet_state": {"gpu_preflight": (("gpu_preflight_state_file",), "the state probe reads where preflight saves")},
     "gpu_preflight": {
         "conda_env": (("conda_env_download_dir",), PREFLIGHT_DIRS),
-        "cuda_toolkit": (("cuda_toolkit_download_dir", "cuda_toolkit_home", "cuda_toolkit_tmpdir"), PREFLIGHT_DIRS),
+        "cuda_toolkit": (("cuda_toolkit_download_dir", "cuda_toolkit_tmpdir"), PREFLIGHT_DIRS),
         "cudnn": (("cudnn_download_dir", "cudnn_prefix"), PREFLIGHT_DIRS),
     },
     "launch_script": {
-        "conda_env": (("conda_env_prefix", "conda_env_python"), LAUNCH_INPUTS),
-        "cuda_toolkit": (("cuda_toolkit_env_file", "cuda_toolkit_home"), LAUNCH_INPUTS),
         "gpu_qualify": (("gpu_qualify_history_file",), LAUNCH_INPUTS),
         "training_data": (
             ("training_data_model_path", "training_data_test_file", "training_data_train_file"),
@@ -143,22 +140,16 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     },
     "pytorch": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_owner", "conda_env_prefix", "conda_env_python", "conda_env_python_version"), CONDA),
+        "conda_env": (("conda_env_python_version",), CONDA),
     },
     "train_run": {
-        "launch_script": (
-            ("launch_script_path_effective",),
-            "train_run finds the script through launch_script's paths (issue 59: launch_script_plan)",
-        ),
-        "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name", "ray_cluster_submit_script"), CLUSTER),
+        "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name"), CLUSTER),
     },
-    "training_data": {"conda_env": (("conda_env_python",), CONDA)},
     "verl": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_owner", "conda_env_prefix", "conda_env_python", "conda_env_python_version"), CONDA),
+        "conda_env": (("conda_env_python_version",), CONDA),
     },
     "verl_patches": {
-        "conda_env": (("conda_env_owner", "conda_env_python"), PATCH_INPUTS),
         "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),
     },
 }
@@ -169,7 +160,7 @@ ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 # playbook -> the roles it lists with `tags: [never]` only so that their variables are known.
 ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
     "playbooks/cluster.yml": (
-        ("conda_env", "cuda_toolkit", "training_data", "verl"),
+        ("training_data", "verl"),
         LAUNCH,
     ),
     "playbooks/state.yml": (
@@ -188,7 +179,6 @@ ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the state probe reads each stage's markers from its role vars (issue 59: each stage's plan fact)",
     ),
-    "playbooks/train.yml": (("launch_script",), "train_run finds the script through launch_script's paths (issue 59)"),
 }
 
 

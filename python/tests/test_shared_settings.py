@@ -86,6 +86,14 @@ RESOLVED = {
         {"p40fleet_conda_prefix": PREFIX},
         ["conda_env_install_prefix"],
     ),
+    # The side CUDA: cuDNN, Apex, the launch script and preflight read p40fleet_cuda_home, never cuda_toolkit's copy.
+    "the_cuda_home": (
+        {"cuda_toolkit_home": "/opt/cuda"},
+        {"p40fleet_cuda_home": "/usr/local/cuda-11.8"},
+        ["cuda_toolkit_home"],
+    ),
+    # The env's name: the later stages find the env by p40fleet_conda_env_name, never conda_env's copy.
+    "the_env_name": ({"conda_env_name": "other"}, {"p40fleet_conda_env_name": "verl-env"}, ["conda_env_name"]),
     # A value only the run can read (a template, a vaulted one) is left to the run.
     "a_template": ({"conda_env_owner": "{{ someone }}"}, {"p40fleet_env_owner": OWNER}, []),
 }
@@ -111,15 +119,26 @@ FOLLOWERS = {
     "training_data_owner": "owner",
     "ray_cluster_owner": "owner",
     "gpu_qualify_load_user": "owner",
+    "apex_owner": "owner",
+    "verl_patches_source_owner": "owner",
+    "launch_script_cuda_home": "cuda_home",
     "conda_env_install_prefix": "prefix",
     "launch_script_work_dir": "work_dir",
 }
 # Each role alone in its play, as qualify.yml, train.yml and smoke.yml load them (without conda_env, whose copy
 # used to be the fallback): role -> the variables it resolves (the load command's first word is the Python).
+# (verl is not here: its lock's Python still defaults to conda_env_python_version, conda_env's input.)
 ROLE_NAMES = {
     "conda_env": ["conda_env_owner", "conda_env_install_prefix"],
-    "launch_script": ["launch_script_owner", "launch_script_work_dir"],
-    "training_data": ["training_data_owner"],
+    "launch_script": [
+        "launch_script_owner",
+        "launch_script_work_dir",
+        "launch_script_python",
+        "launch_script_cuda_home",
+    ],
+    "training_data": ["training_data_owner", "training_data_python"],
+    "apex": ["apex_owner"],
+    "verl_patches": ["verl_patches_source_owner", "verl_patches_python"],
     "train_run": ["train_run_owner"],
     "ray_cluster": ["ray_cluster_owner", "ray_cluster_ray_bin"],
     "gpu_qualify": ["gpu_qualify_load_user", "gpu_qualify_load_command[0]"],
@@ -192,8 +211,8 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
 @pytest.mark.parametrize(
     "shared",
     [
-        {"owner": OWNER, "prefix": PREFIX, "work_dir": ""},
-        {"owner": "trainer", "prefix": "/srv/conda", "work_dir": "/srv/runs"},
+        {"owner": OWNER, "prefix": PREFIX, "work_dir": "", "cuda_home": DEFAULTS["p40fleet_cuda_home"]},
+        {"owner": "trainer", "prefix": "/srv/conda", "work_dir": "/srv/runs", "cuda_home": "/opt/cuda-11.8"},
     ],
     ids=["defaults", "set"],
 )
@@ -205,11 +224,15 @@ def test_every_role_follows_the_shared_settings(tmp_path, shared):
             "p40fleet_env_owner": shared["owner"],
             "p40fleet_conda_prefix": shared["prefix"],
             "p40fleet_work_dir": shared["work_dir"],
+            "p40fleet_cuda_home": shared["cuda_home"],
         }
     )
     resolved = resolve_in_a_play(tmp_path, extra)
     assert {name: resolved[name] for name in FOLLOWERS} == {name: shared[kind] for name, kind in FOLLOWERS.items()}
     assert resolved["gpu_qualify_load_command"] == f"{shared['prefix']}/envs/verl-env/bin/python"
+    # The stages after conda_env find its Python by the shared names, with conda_env not in the play.
+    for name in ("launch_script_python", "training_data_python", "verl_patches_python"):
+        assert resolved[name] == f"{shared['prefix']}/envs/verl-env/bin/python", name
     assert resolved["ray_cluster_ray_bin"] == f"{shared['prefix']}/envs/verl-env/bin/ray"
     disk = {check["purpose"].rsplit(", ", 1)[-1]: check for check in resolved["gpu_preflight_disk_checks"]}
     assert disk["p40fleet_conda_prefix"]["path"] == shared["prefix"]

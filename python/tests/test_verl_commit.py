@@ -64,8 +64,8 @@ def run_verl(run_playbook, tmp_path, repo, expected: str, owner: str = "nobody",
     extra = {
         # The system Python, which the owner can run (the test's venv lies under root's 0700 home); the probe needs
         # only its standard library.
-        "conda_env_python": "/usr/bin/python3",
-        "conda_env_owner": owner,
+        "p40fleet_conda_python": "/usr/bin/python3",
+        "p40fleet_env_owner": owner,
         "conda_env_python_version": "3.11",
         "verl_git_url": str(repo),
         "verl_expected_commit": expected,

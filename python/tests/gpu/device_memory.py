@@ -121,39 +121,87 @@ class Sampler:
         return summarise(self.samples, self.idle)
 
 
-# Run by the probe's own python (the machine's torch): it prints one JSON line of torch's figures at each stage and
-# waits for a line on stdin before the next, while the parent samples the device from outside.
+# Run by the probe's own python (the machine's torch, and the bundle's transformers on PYTHONPATH): it prints one JSON
+# line of torch's figures at each stage and waits for a line on stdin before the next, while the parent samples the
+# device from outside. The stages add what verl's worker loads beside torch's pool: a CUDA context (bare); cuBLAS's
+# workspace and a one-rank NCCL communicator (working); then the kernels of the trainer's own work (model): a small
+# Qwen2 of the real class with eager attention, wrapped in FSDP, a checkpointed forward and backward, AdamW,
+# gradient clipping and sampled generation. Kernels load lazily and each holds device memory outside the pool: on
+# 2026-12-07 verl's worker held 1,308 MiB beside torch's pool where the working stage had measured 1,240.
 PROBE = r"""
 import json, os, sys
 import torch
+device = os.environ.get("P40FLEET_PROBE_DEVICE", "cuda")
 def say(stage):
-    torch.cuda.synchronize()
-    print(json.dumps({"stage": stage, "reserved_mib": torch.cuda.memory_reserved() / 2**20}), flush=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved()
+    else:
+        reserved = 0
+    print(json.dumps({"stage": stage, "reserved_mib": reserved / 2**20}), flush=True)
     sys.stdin.readline()
-x = torch.ones(1, device="cuda")
+x = torch.ones(1, device=device)
 say("bare")
-a = torch.randn(4096, 4096, device="cuda")
+a = torch.randn(4096, 4096, device=device)
 b = a @ a
 import torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
-dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-t = torch.ones(1 << 20, device="cuda")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("P40FLEET_PROBE_PORT", "29531"))
+if device == "cuda":
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+else:
+    dist.init_process_group("gloo", rank=0, world_size=1)
+t = torch.ones(1 << 20, device=device)
 dist.all_reduce(t)
 say("working")
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from transformers import Qwen2Config, Qwen2ForCausalLM
+config = Qwen2Config(
+    vocab_size=1024, hidden_size=128, intermediate_size=448, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+)
+config._attn_implementation = "eager"
+model = Qwen2ForCausalLM(config).to(device)
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as verl does
+# FSDP needs an accelerator: on a CPU (the table tests' run of this script) the model trains unwrapped.
+wrapped = FSDP(model, device_id=torch.device("cuda", 0), use_orig_params=True) if device == "cuda" else model
+optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-5)
+ids = torch.randint(0, 1024, (4, 64), device=device)
+for _ in range(2):
+    logits = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    entropy = -(torch.softmax(logits, dim=-1) * torch.log_softmax(logits, dim=-1)).sum(-1)
+    loss = -(logp.mean()) - 0.001 * entropy.mean()
+    loss.backward()
+    if device == "cuda":
+        wrapped.clip_grad_norm_(1.0)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+import contextlib
+full = FSDP.summon_full_params(wrapped, writeback=False) if device == "cuda" else contextlib.nullcontext()
+with torch.no_grad(), full:
+    model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), max_new_tokens=8, do_sample=True,
+                   top_p=1.0, top_k=0, temperature=1.0, pad_token_id=0)
+say("model")
 dist.destroy_process_group()
 """
+STAGES = ("bare", "working", "model")
 
 
 def probe(python: str, env: dict | None = None, settle: float = 1.0) -> dict:
-    """What one process holds outside torch's allocator on this GPU: {bare_mib, working_mib, stages}. Per process
-    where nvidia-smi lists processes (a container may not), else the device's memory.used less its idle figure."""
+    """What one process holds outside torch's allocator on this GPU, stage by stage: {bare_mib, working_mib, stages}.
+    Per process where nvidia-smi lists processes (a container may not), else the device's memory.used less its idle
+    figure. working_mib, what the cap leaves room for, is the largest figure of the later stages seen from the
+    device's side (memory.used less torch's pool): the whole device is what a run is judged by, idle and driver
+    memory included."""
     idle = parse_used(_query(USED_QUERY))
     child = subprocess.Popen(
         [python, "-c", PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, bufsize=1
     )
     stages = {}
     try:
-        for _ in range(2):
+        for _ in STAGES:
             line = child.stdout.readline()
             if not line:
                 break
@@ -161,33 +209,54 @@ def probe(python: str, env: dict | None = None, settle: float = 1.0) -> dict:
             time.sleep(settle)
             apps = parse_apps(_query(APPS_QUERY))
             used = parse_used(_query(USED_QUERY))
-            mine = apps.get(str(child.pid))
-            held = mine[1] if mine else (used - (idle or 0) if used is not None else None)
-            stages[stage["stage"]] = {
-                "torch_reserved_mib": round(stage["reserved_mib"], 1),
-                "held_mib": held,
-                "seen_as": "process" if mine else "device",
-                "outside_allocator_mib": None if held is None else math.ceil(held - stage["reserved_mib"]),
-            }
+            stages[stage["stage"]] = stage_figures(stage["reserved_mib"], apps.get(str(child.pid)), used, idle)
             child.stdin.write("\n")
             child.stdin.flush()
         child.wait(timeout=60)
     finally:
         if child.poll() is None:
             child.kill()
+    return summarise_probe(stages, idle, child.returncode)
+
+
+def stage_figures(reserved_mib: float, mine: tuple[str, int] | None, used: int | None, idle: int | None) -> dict:
+    """One stage's figures: what the process holds (its own line, else the device's growth since idle), what of it
+    is outside torch's pool, and what the device holds beside the pool (idle and driver memory included)."""
+    held = mine[1] if mine else (used - (idle or 0) if used is not None else None)
     return {
-        "bare_mib": (stages.get("bare") or {}).get("outside_allocator_mib"),
-        "working_mib": (stages.get("working") or {}).get("outside_allocator_mib"),
-        "idle_mib": idle,
-        "stages": stages,
-        "rc": child.returncode,
+        "torch_reserved_mib": round(reserved_mib, 1),
+        "held_mib": held,
+        "seen_as": "process" if mine else "device",
+        "outside_allocator_mib": None if held is None else math.ceil(held - reserved_mib),
+        "device_used_mib": used,
+        "device_outside_mib": None if used is None else math.ceil(used - reserved_mib),
     }
 
 
-def cap_gib(card_total_mib: int, outside_mib: int) -> float:
-    """torch's cap for a card: its reported total less what a process holds outside the allocator, in GiB, rounded
-    down to a hundredth."""
-    return math.floor((card_total_mib - outside_mib) / 1024 * 100) / 100
+def summarise_probe(stages: dict, idle: int | None, rc: int | None) -> dict:
+    """The probe's figures from its stages. A probe that did not reach every stage (rc not 0, a stage missing)
+    measured nothing the cap may use: working_mib is then None and the check stops."""
+    complete = rc == 0 and all(name in stages for name in STAGES)
+    later = [stages[name].get("device_outside_mib") for name in STAGES[1:] if name in stages]
+    working = max(later) if complete and later and None not in later else None
+    return {
+        "bare_mib": (stages.get("bare") or {}).get("outside_allocator_mib"),
+        "working_mib": working,
+        "idle_mib": idle,
+        "stages": stages,
+        "rc": rc,
+    }
+
+
+# Left beside the probe's figure for kernels verl's worker loads and the probe does not: the probe's stages are a
+# sample of the worker's work, not all of it. Stricter, never more forgiving: a smaller cap leaves torch less.
+KERNEL_MARGIN_MIB = 64
+
+
+def cap_gib(card_total_mib: int, outside_mib: int, margin_mib: int = KERNEL_MARGIN_MIB) -> float:
+    """torch's cap for a card: its reported total less what a process holds outside the allocator and the margin, in
+    GiB, rounded down to a hundredth."""
+    return math.floor((card_total_mib - outside_mib - margin_mib) / 1024 * 100) / 100
 
 
 def budget(device: dict, card_total_mib: int, extra_context_mib: int) -> dict:

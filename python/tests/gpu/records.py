@@ -35,21 +35,25 @@ SWEEP = RECORDS / "sweep"
 def run_entry(run: dict, card_total_mib: int) -> dict:
     result = run.get("result") or {}
     device = run.get("device") or {}
+    # The whole device through the run, sampled from outside with the run alone on the GPU, and judged against the
+    # emulated card's reported total (tests/gpu/device_memory.py): a run over the card did not pass, whatever its
+    # steps did.
+    judged = device_memory.budget(device, card_total_mib, device_memory.EXTRA_CONTEXT_MIB)
     return {
         "argv": run["argv"],
         "rc": run["rc"],
-        "pass": bool(result.get("ok")) and run["rc"] == 0,
+        "pass": bool(result.get("ok")) and run["rc"] == 0 and judged["fits"],
         "steps_wanted": result.get("steps_wanted"),
         "steps_done": result.get("steps_done"),
         "seconds_per_step": result.get("seconds_per_step"),
         "first_step_seconds": result.get("first_step_seconds"),
         "wall_seconds": run["wall_seconds"],
+        # The cap this run ran under (absent in runs before 2026-12-07: the record's one cap).
+        "memory_cap_gib": run.get("memory_cap_gib"),
         "torch_peak_reserved_gib": result.get("torch_peak_reserved_gib"),
         "torch_peak_allocated_gib": result.get("torch_peak_allocated_gib"),
-        # The whole device through the run, sampled from outside with the run alone on the GPU, and judged against
-        # the emulated card's reported total (tests/gpu/device_memory.py).
         "device": device,
-        "budget": device_memory.budget(device, card_total_mib, device_memory.EXTRA_CONTEXT_MIB),
+        "budget": judged,
         # What the smoke checks beside the steps: validation before step 1, a checkpoint, a resume from it.
         "validated": result.get("validated"),
         "val_score": result.get("val_score"),
@@ -59,6 +63,31 @@ def run_entry(run: dict, card_total_mib: int) -> dict:
         "why": result.get("why", ""),
         "last_metrics": result.get("last_metrics", {}),
     }
+
+
+def merged(calls: list[dict]) -> dict:
+    """One case's runs from several calls of run_check (a case whose smoke and full batch outlast one call's time
+    limit runs them in two: --full-steps 0, then --smoke-steps 0), as one results dict. The calls must have run on
+    one kind of machine and stack; each run keeps the cap it ran under, and the merged cap is the smallest, the probe
+    the one that measured most (the strictest pair)."""
+    if len(calls) == 1:
+        return calls[0]
+    machines = {json.dumps(call["machine"], sort_keys=True) for call in calls}
+    if len(machines) != 1:
+        raise SystemExit(f"gpu records: the calls ran on different machines or stacks: {sorted(machines)}")
+    out = {**calls[-1], "cases": {}, "calls": []}
+    for call in calls:
+        out["calls"].append({k: call.get(k) for k in ("started", "finished", "probe", "caps_gib")})
+        for name, runs in call["cases"].items():
+            seen = out["cases"].setdefault(name, {})
+            twice = set(seen) & set(runs)
+            if twice:
+                raise SystemExit(f"gpu records: {name}: the runs {sorted(twice)} are in more than one call")
+            seen.update(runs)
+    out["probe"] = max((call["probe"] for call in calls), key=lambda probe: probe["working_mib"])
+    out["caps_gib"] = {name: min(call["caps_gib"][name] for call in calls) for name in calls[0]["caps_gib"]}
+    out["finished"] = max(call["finished"] for call in calls)
+    return out
 
 
 def record(name: str, today, results: dict, manifest: dict) -> dict:
@@ -89,10 +118,13 @@ def record(name: str, today, results: dict, manifest: dict) -> dict:
             "patched_files": patched_sha256s(ran.get("patch_record") or {}),
             "overrides_digest": ran["overrides_digest"],
             "memory_cap_gib": (results.get("caps_gib") or {}).get(name, ran["cap_gib"]),
+            # The calls it took, each with its probe (a case's runs can outlast one call: records.merged).
+            "calls": results.get("calls"),
             "card_total_mib": ran["memory_mib"],
             # What a process held outside torch's allocator on this GPU, measured before the runs: the cap is the
-            # card's total less the working figure.
+            # card's total less the working figure and the margin for kernels the probe does not load.
             "probe": results.get("probe"),
+            "kernel_margin_mib": results.get("kernel_margin_mib"),
             "tf32": ran["dtype"] != "float32",
             "model": results["model"],
             # The cases ran one after the other, each alone on the GPU (its device memory is its own).
@@ -283,12 +315,12 @@ def sweep_record(results: dict, earlier: dict | None = None) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write docs/gpu-runs records")
-    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--results", type=Path, required=True, nargs="+", help="one call's results.json, or several")
     parser.add_argument("--manifest", type=Path, required=True)
     parser.add_argument("--cases", default="")
     parser.add_argument("--add", action="store_true", help="sweep: keep the record's earlier runs, add this one")
     args = parser.parse_args(argv)
-    results = json.loads(args.results.read_text())
+    results = merged([json.loads(path.read_text()) for path in args.results])
     manifest = json.loads(args.manifest.read_text())
     if "sweep" in results:
         sys.path.insert(0, str(Path(__file__).parent))

@@ -616,6 +616,7 @@ def main(argv=None) -> int:
         if case["cap_gib"] is None:
             case["cap_gib"] = device_memory.cap_gib(case["memory_mib"], outside)
     report["caps_gib"] = {name: case["cap_gib"] for name, case in manifest["cases"].items()}
+    report["kernel_margin_mib"] = device_memory.KERNEL_MARGIN_MIB
     ROOT.mkdir(parents=True, exist_ok=True)
     for part in ("shim", "verl"):
         shutil.copytree(args.bundle / part, ROOT / part, dirs_exist_ok=True)
@@ -649,9 +650,12 @@ def main(argv=None) -> int:
             report["cases"][name] = {"refused": case["refused"]}
             continue
         script = install_case(args.bundle, name, case, home, manifest["render_root"])
-        smoke = args.smoke_steps or case["smoke_steps"]
+        # 0 leaves a run out: a case whose two runs outlast one call runs them in two (records.py merges them).
+        smoke = args.smoke_steps if args.smoke_steps is not None else case["smoke_steps"]
         full = args.full_steps if args.full_steps is not None else case["full_steps"]
         report["cases"][name] = run_case(name, case, script, index, smoke, full, args.site)
+        for run in report["cases"][name].values():
+            run["memory_cap_gib"] = case["cap_gib"]
         # Each result as it comes, so a call cut off at its time limit still brings back what finished.
         (args.out / "results-partial.json").write_text(json.dumps(report, indent=1) + "\n")
     if learn:
