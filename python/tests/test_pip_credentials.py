@@ -89,6 +89,33 @@ def walk_tasks(tasks):
             yield from walk_tasks(task.get(key) or [])
 
 
+def path_requests(tasks):
+    """Every request of fleet_state_path in the tasks, as the module acts on it: a task's options, or each item of
+    its `batch` (a plain path, or a dict of options over the task's own)."""
+    for task in walk_tasks(tasks):
+        options = task.get("p40fleet.fleet.fleet_state_path")
+        if not isinstance(options, dict):
+            continue
+        batch = options.get("batch")
+        if batch is None:
+            yield options
+            continue
+        common = {key: value for key, value in options.items() if key != "batch"}
+        if not isinstance(batch, list):
+            # A batch a template computes (a role's list of directories): its task's own options, by that template.
+            yield {**common, "path": batch}
+            continue
+        for item in batch:
+            yield {**common, **({"path": item} if isinstance(item, str) else item)}
+
+
+def written_at(role: str, tasks_file: str, path: str) -> dict:
+    """The one request of ROLE's TASKS_FILE that acts on PATH."""
+    tasks = yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / tasks_file).read_text())
+    (written,) = [options for options in path_requests(tasks) if options.get("path") == path]
+    return written
+
+
 def test_no_role_puts_find_links_or_an_index_on_a_command_line():
     argvs = owner_run_argvs()
     assert any("pip" in argv for _, argv in argvs)  # the scan sees pip's calls
@@ -97,17 +124,11 @@ def test_no_role_puts_find_links_or_an_index_on_a_command_line():
 
 def test_the_files_holding_find_links_are_the_owners_alone():
     for role, path in (("apex", "{{ apex_build_requirements_path }}"), ("verl", "{{ verl_lock_path }}")):
-        tasks = yaml.safe_load((REPO_ROOT / "roles" / role / "tasks" / "install.yml").read_text())
-        (written,) = [t for t in tasks if t.get("p40fleet.fleet.fleet_state_path", {}).get("path") == path]
-        assert written["p40fleet.fleet.fleet_state_path"]["mode"] == "0600", role
+        assert written_at(role, "install.yml", path)["mode"] == "0600", role
 
 
 def test_the_envs_pip_conf_is_the_owners_alone():
-    tasks = yaml.safe_load((REPO_ROOT / "roles" / "pytorch" / "tasks" / "install.yml").read_text())
-    (written,) = [
-        t for t in tasks if t.get("p40fleet.fleet.fleet_state_path", {}).get("path") == "{{ pytorch_pip_conf_path }}"
-    ]
-    assert written["p40fleet.fleet.fleet_state_path"]["mode"] == "0600"
+    assert written_at("pytorch", "install.yml", "{{ pytorch_pip_conf_path }}")["mode"] == "0600"
 
 
 def test_the_apex_builder_envs_pip_reads_its_sources_from_a_file_of_roots_alone(tmp_path):
@@ -120,16 +141,8 @@ def test_the_apex_builder_envs_pip_reads_its_sources_from_a_file_of_roots_alone(
         "find-links = /srv/wheels",
         f"index-url = {INDEX}",
     ]
-    tasks = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "tasks" / "builder_env.yml").read_text())
-    (written,) = [
-        t
-        for t in walk_tasks(tasks)
-        if t.get("p40fleet.fleet.fleet_state_path", {}).get("path") == "{{ apex_builder_pip_conf_path }}"
-    ]
-    assert (
-        written["p40fleet.fleet.fleet_state_path"]["mode"] == "0600"
-        and written["p40fleet.fleet.fleet_state_path"]["owner"] == "root"
-    )
+    written = written_at("apex", "builder_env.yml", "{{ apex_builder_pip_conf_path }}")
+    assert written["mode"] == "0600" and written["owner"] == "root"
 
 
 def test_no_task_hands_pip_its_sources_in_the_tasks_own_environment():
@@ -148,8 +161,7 @@ def test_every_file_written_as_secret_is_its_owners_alone():
     channels) is 0600, whoever owns it."""
     written = []
     for path in sorted((REPO_ROOT / "roles").glob("*/tasks/*.yml")):
-        for task in walk_tasks(yaml.safe_load(path.read_text()) or []):
-            options = task.get("p40fleet.fleet.fleet_state_path") or {}
+        for options in path_requests(yaml.safe_load(path.read_text()) or []):
             if options.get("secret"):
                 written.append((str(path.relative_to(REPO_ROOT)), options["path"], options.get("mode")))
     assert any(p == "{{ conda_env_condarc_path }}" for _, p, _ in written)  # the scan sees the .condarc
