@@ -48,12 +48,12 @@ MODELS = {
 # host's time per decode step that neither explains (kernel launches and Python in HF generate), assumed the same
 # on every host.
 EFFICIENCY = {
-    "old_log_prob": 0.526,
-    "values": 0.538,
-    "update_critic": 0.353,
-    "update_actor": 0.413,
+    "old_log_prob": 0.524,
+    "values": 0.535,
+    "update_critic": 0.320,
+    "update_actor": 0.391,
 }
-DECODE = {"memory_efficiency": 0.751, "host_seconds": 0.0176}
+DECODE = {"memory_efficiency": 0.686, "host_seconds": 0.0191}
 BYTES_PER_PARAMETER = 4
 PPO_EPOCHS = 1
 
