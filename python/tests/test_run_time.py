@@ -27,7 +27,7 @@ def test_a_full_batch_smoke_gives_the_measured_step_and_the_run_s_duration():
         # A tiny-batch smoke's seconds per step are not the run's: the estimate stays, and says what would measure.
         (
             {**PASSED, "full_batch": False, "batch": 8, "seconds_per_step": 13.1},
-            "estimate (docs/estimate.md, not measured): 4.2 minutes a step, 31.7 hours for 435 steps and 16"
+            "estimate (docs/estimate.md, not measured): 4.4 minutes a step, 33.8 hours for 435 steps and 16"
             " validations",
             "the smoke run measured 13.1 s a step at a batch of 8, not the run's batch",
         ),
