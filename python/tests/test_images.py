@@ -55,6 +55,18 @@ def test_the_key_follows_every_file_the_converge_reads(monkeypatch):
     assert key()[1] != before
 
 
+def test_the_key_covers_the_collection_s_plugins():
+    """A filter's change re-renders what the roles write (the launch script's estimate line, 2026-12-07): an image
+    converged before it is another host's disk."""
+    paths = [path.strip("/") for path in images.INPUTS]
+    for reads in (
+        "plugins/filter/launch_script_estimate.py",
+        "plugins/modules/fleet_state_probe.py",
+        "meta/runtime.yml",
+    ):
+        assert any(reads == path or reads.startswith(path + "/") for path in paths), reads
+
+
 def test_the_tree_digest_sees_names_and_contents(tmp_path):
     (tmp_path / "roles" / "a").mkdir(parents=True)
     (tmp_path / "roles" / "a" / "main.yml").write_text("one\n")
