@@ -2,9 +2,11 @@
 
 torch's allocator cap (run_check's sitecustomize) limits what torch reserves, not what a process holds beside it: the
 CUDA context, NCCL's buffers, cuBLAS's workspaces and the kernels loaded. A P40 has to hold all of it. So the check:
-- probes the GPU machine first (`PROBE`): what one process holds outside torch's allocator, bare (CUDA context) and
-  working (a cuBLAS matmul and a one-rank NCCL all-reduce, as verl's worker does);
-- caps torch at the emulated card's reported total less that working overhead (`cap_gib`);
+- probes the GPU machine first (`PROBE`): what one process holds outside torch's allocator, bare (CUDA context),
+  working (a cuBLAS matmul and a one-rank NCCL all-reduce) and model (a small Qwen2 trained under FSDP, as verl's
+  worker does);
+- caps torch at the emulated card's reported total less the largest of those, seen from the device, and a margin
+  for kernels the probe does not load (`cap_gib`);
 - samples every process's device memory through each run (`Sampler`: `nvidia-smi --query-compute-apps` and the
   device's `memory.used`), one run at a time on the GPU, and keeps each process's peak and the device's;
 - judges the run against the card (`budget`): the device's peak, less what the GPU machine's bare context holds
