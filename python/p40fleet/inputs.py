@@ -587,6 +587,7 @@ SHARED_SETTINGS = {
     "cuda_toolkit_home": "p40fleet_cuda_home",
     "cuda_toolkit_env_file": "p40fleet_cuda_env_file",
     "launch_script_work_dir": "p40fleet_work_dir",
+    "ray_cluster_name": "p40fleet_cluster",
 }
 SHARED_DEFAULTS_FILE = ROLES_DIR / "p40fleet_defaults" / "defaults" / "main.yml"
 
