@@ -34,7 +34,7 @@ INPUTS = {
     "p40fleet_conda_python": f"{ENV_PREFIX}/bin/python",
     "p40fleet_cuda_home": CUDA_HOME,
     "p40fleet_cuda_env_file": "/etc/p40fleet/cuda-11.8.sh",
-    "verl_version": "0.4.1",
+    "p40fleet_verl_version": "0.4.1",
     "training_data_train_file": "/srv/data/gsm8k/train.parquet",
     "training_data_test_file": "/srv/data/gsm8k/test.parquet",
     "training_data_model_path": "/srv/models/Qwen2.5-0.5B-Instruct",

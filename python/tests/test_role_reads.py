@@ -84,12 +84,10 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "cudnn": (("cudnn_download_dir", "cudnn_prefix"), PREFLIGHT_DIRS),
     },
     "launch_script": {
-        "gpu_qualify": (("gpu_qualify_history_file",), LAUNCH_INPUTS),
         "training_data": (
             ("training_data_model_path", "training_data_test_file", "training_data_train_file"),
             LAUNCH_INPUTS,
         ),
-        "verl": (("verl_install_vllm", "verl_pinned_version", "verl_version"), LAUNCH_INPUTS),
     },
     "playbooks/pins.yml": {
         role: (names, PINS)
@@ -153,10 +151,7 @@ ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 
 # playbook -> the roles it lists with `tags: [never]` only so that their variables are known.
 ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
-    "playbooks/cluster.yml": (
-        ("training_data", "verl"),
-        LAUNCH,
-    ),
+    "playbooks/cluster.yml": (("training_data",), LAUNCH),
     "playbooks/state.yml": (
         (
             "apex",
