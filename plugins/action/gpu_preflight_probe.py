@@ -42,7 +42,6 @@ SETTINGS = (
     "compute_cap_by_name",
     "ecc_inband",
     "profiles",
-    "launch_tiers",
     "driver_min_version",
     "driver_min_reason",
     "open_module_min_compute_cap",

@@ -1,8 +1,9 @@
 """launch_script's decisions: the launch settings, a run's settings digest, a smoke run's verdict (playbooks/smoke.yml).
 
-`profile | launch_script_settings(inputs)` turns gpu_preflight's profile (with its memory tier, `launch`) and the
-role's variables (`inputs`: their names less the `launch_script_` prefix) into the values the script renders: an
-empty variable takes the tier's or the profile's value (test_launch_script_settings.py holds the table).
+`profile | launch_script_settings(inputs)` turns gpu_preflight's profile and the role's variables (`inputs`: their
+names less the `launch_script_` prefix) into the values the script renders: the memory tier is the one of
+`memory_tiers` (launch_script_memory_tiers) the profile's memory per GPU reaches, and an empty variable takes the
+tier's or the profile's value (test_launch_script_settings.py holds the table).
 
 `overrides | launch_script_run_digest(schedule_keys)` is 8 hex digits of sha256 over the overrides that change
 what a run trains (every override whose key is not a schedule key, in order): a run's name carries it, so verl's
@@ -168,18 +169,25 @@ def _judged_batches(world, batches, mode, gpus):
     }
 
 
+def memory_tier(memory_mib, tiers):
+    """The tier of `tiers` with the largest min_memory_mib not above `memory_mib` (MiB per GPU); {} where none is."""
+    fits = [t for t in tiers or [] if isinstance(t, dict) and int(t.get("min_memory_mib", 0)) <= int(memory_mib or 0)]
+    return max(fits, key=lambda t: int(t.get("min_memory_mib", 0))) if fits else {}
+
+
 def launch_script_settings(profile, inputs):
     """The launch settings from the profile, its memory tier and the role's inputs (empty = derived).
 
-    Returns {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload,
-    actor_param_offload, optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype,
-    use_torch_compile, use_remove_padding, train_batch_size, ppo_mini_batch_size, val_batch_size, save_freq,
-    test_freq, smoke_batch, smoke_mini_batch, batch_note, batch_refusal, tier_refusal, problems}: problems lists
-    inputs that are no setting (roles/launch_script/tasks/inputs.yml stops with them). The batch sizes are the ones
-    verl can split across the world size (judge_batches): derived where the inputs do not split (batch_sizes
-    derive, said in batch_note), or kept and refused (refuse, batch_refusal names the GPU counts that work)."""
+    The tier is the one of the inputs' memory_tiers that the profile's memory_mib reaches (memory_tier). Returns
+    {gpus, world_size, visible_devices, micro, log_prob_micro, rollout_micro, param_offload, actor_param_offload,
+    optimizer_offload, gpu_memory_utilization, rollout_name, rollout_dtype, param_dtype, use_torch_compile,
+    use_remove_padding, train_batch_size, ppo_mini_batch_size, val_batch_size, save_freq, test_freq, smoke_batch,
+    smoke_mini_batch, batch_note, batch_refusal, tier_refusal, problems}: problems lists inputs that are no setting
+    (roles/launch_script/tasks/inputs.yml stops with them). The batch sizes are the ones verl can split across the
+    world size (judge_batches): derived where the inputs do not split (batch_sizes derive, said in batch_note), or
+    kept and refused (refuse, batch_refusal names the GPU counts that work)."""
     profile = profile if isinstance(profile, dict) else {}
-    tier = profile.get("launch") or {}
+    tier = memory_tier(profile.get("memory_mib", 0), inputs.get("memory_tiers"))
     problems = []
 
     def pick(name, fallback, convert):
@@ -280,7 +288,7 @@ def launch_script_settings(profile, inputs):
         "save_freq": pick("save_freq", epoch_steps, number),
         # One validation an epoch too (and verl's before step 1 and at the last step).
         "test_freq": pick("test_freq", epoch_steps, _as_freq),
-        # Why this card cannot train the default model (gpu_preflight_launch_tiers); empty = it can.
+        # Why this card cannot train the default model (launch_script_memory_tiers); empty = it can.
         "tier_refusal": "" if allow_refused else refusals.get(profile.get("dtype", "float32"), ""),
         "problems": problems,
     }

@@ -170,8 +170,6 @@ class Host:
                 if version(profile["min_compute_cap"]) <= cap <= version(profile["max_compute_cap"]):
                     self.profile = profile
                     break
-        tiers = [t for t in settings["launch_tiers"] if t["min_memory_mib"] <= self.memory_mib]
-        self.launch_tier = max(tiers, key=lambda t: t["min_memory_mib"]) if tiers else {}
         self.module = found.get("kernel_module") or {"version": "", "flavor": ""}
         self.open_module = self.module.get("flavor") == "open"
         # Where the flavor was read: the loaded module's line, or `modinfo nvidia` (installed, not loaded).
@@ -363,7 +361,6 @@ class Host:
         name = self.gpu_name if self.has_gpu else "none"
         hidden = [g["name"] for g in self.all_gpus if g["name"] != name]
         gpu_names = [g["name"] for g in self.all_gpus]
-        tier = self.launch_tier
         reasons = [
             f"profile {profile['name']}: "
             + (f"{count}x {name}" if self.has_gpu else "no GPU on this host")
@@ -373,7 +370,6 @@ class Host:
         if hidden:
             reasons.append(f"GPU model {name} chosen by gpu_preflight_gpu_select; hidden: {', '.join(hidden)}")
         reasons += list(profile["reasons"])
-        reasons.append(f"launch defaults for >= {tier['min_memory_mib']} MiB per GPU ({self.memory_mib} MiB found)")
         if self.ecc_note:
             reasons.append(self.ecc_note)
         new_profile = {
@@ -394,7 +390,6 @@ class Host:
             "shared_memory_per_block": profile["shared_memory_per_block"],
             "driver_max_branch": profile["driver_max_branch"],
             "needs_patches": profile["needs_patches"],
-            "launch": tier,
             "reasons": reasons,
         }
         changes = []

@@ -133,8 +133,10 @@ def _with_qualify_history(args: argparse.Namespace, inventory: Path) -> None:
     """Every run reads the same history: qualify writes it, the smoke and the cluster plan refuse failed cards."""
     history = qualify_history_path(getattr(args, "state_dir", None), inventory)
     history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # The history's place comes first, so an -e of the operator's own still wins.
-    args.extra_vars = [json.dumps({"gpu_qualify_history_file": str(history)}), *(args.extra_vars or [])]
+    # The history's place comes first, so an -e of the operator's own still wins. Under both names: gpu_qualify's
+    # copy follows the shared one, but an inventory's copy would otherwise outrank the shared -e.
+    places = {"p40fleet_qualify_history_file": str(history), "gpu_qualify_history_file": str(history)}
+    args.extra_vars = [json.dumps(places), *(args.extra_vars or [])]
 
 
 def _prepare_qualify(args: argparse.Namespace, inventory: Path) -> None:

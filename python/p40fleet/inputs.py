@@ -470,9 +470,15 @@ def _names_the_roles_use(roles_dir: Path = ROLES_DIR) -> frozenset[str]:
     return frozenset(found)
 
 
+# Variables that moved to another role, by their old name: an inventory that still sets one is told the new name.
+RENAMED = {"gpu_preflight_launch_tiers": "launch_script_memory_tiers"}
+
+
 def unknown_variable(name: str, specs: Mapping[str, tuple[str, dict]], roles_dir: Path = ROLES_DIR) -> str | None:
     """Why a variable named with a role's prefix reaches no role (a misspelling: the value the operator meant
     would be lost), with the declared names closest to it; None for one a role declares or uses."""
+    if name in RENAMED:
+        return f"no role reads it any more: it is now {RENAMED[name]} (same value, CHANGELOG.md)"
     if name in specs or not name.startswith(role_prefixes(roles_dir)) or name in _names_the_roles_use(roles_dir):
         return None
     near = difflib.get_close_matches(name, list(specs), n=3, cutoff=0.8)
@@ -581,6 +587,8 @@ SHARED_SETTINGS = {
     "cuda_toolkit_home": "p40fleet_cuda_home",
     "cuda_toolkit_env_file": "p40fleet_cuda_env_file",
     "launch_script_work_dir": "p40fleet_work_dir",
+    "ray_cluster_name": "p40fleet_cluster",
+    "verl_pinned_version": "p40fleet_verl_version",
 }
 SHARED_DEFAULTS_FILE = ROLES_DIR / "p40fleet_defaults" / "defaults" / "main.yml"
 

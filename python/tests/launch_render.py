@@ -34,7 +34,7 @@ INPUTS = {
     "p40fleet_conda_python": f"{ENV_PREFIX}/bin/python",
     "p40fleet_cuda_home": CUDA_HOME,
     "p40fleet_cuda_env_file": "/etc/p40fleet/cuda-11.8.sh",
-    "verl_version": "0.4.1",
+    "p40fleet_verl_version": "0.4.1",
     "training_data_train_file": "/srv/data/gsm8k/train.parquet",
     "training_data_test_file": "/srv/data/gsm8k/test.parquet",
     "training_data_model_path": "/srv/models/Qwen2.5-0.5B-Instruct",
@@ -42,7 +42,8 @@ INPUTS = {
 
 
 def preflight_profile(gpu_name: str, compute_cap: str, memory_mib: int, count: int) -> dict:
-    """What gpu_preflight publishes for such a host: the profile of its compute capability, the memory tier."""
+    """What gpu_preflight publishes for such a host: the profile of its compute capability and its memory per GPU
+    (the launch script picks the memory tier from it, launch_script_memory_tiers)."""
 
     def as_tuple(text):
         return tuple(int(x) for x in text.split("."))
@@ -52,10 +53,6 @@ def preflight_profile(gpu_name: str, compute_cap: str, memory_mib: int, count: i
         p
         for p in PREFLIGHT["gpu_preflight_profiles"]
         if as_tuple(p["min_compute_cap"]) <= cap <= as_tuple(p["max_compute_cap"])
-    )
-    tier = max(
-        (t for t in PREFLIGHT["gpu_preflight_launch_tiers"] if t["min_memory_mib"] <= memory_mib),
-        key=lambda t: t["min_memory_mib"],
     )
     return {
         "name": match["name"],
@@ -71,7 +68,6 @@ def preflight_profile(gpu_name: str, compute_cap: str, memory_mib: int, count: i
         "torch_compile": match["torch_compile"],
         "shared_memory_per_block": match["shared_memory_per_block"],
         "needs_patches": match["needs_patches"],
-        "launch": tier,
     }
 
 

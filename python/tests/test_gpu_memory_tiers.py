@@ -4,13 +4,15 @@ and the report says what ECC costs.
 Each P40 total below is one real cards print (docs/facts-memory.md cites the outputs): 22919 and 23040 MiB with ECC on
 (older and newer drivers), 24451 and 24576 MiB with it off, and 22888 MiB, the smallest figure quoted for one (the
 capacity the P40 defaults are sized for). Each goes through gpu_preflight's own rules
-(plugins/plugin_utils/gpu_preflight.py, on a probe report) and the launch_script role renders from the profile they
-publish (tests/launch_render.py).
+(plugins/plugin_utils/gpu_preflight.py, on a probe report), the launch script's memory tier is the one of
+launch_script_memory_tiers the profile's memory reaches (plugins/filter/launch_script.py), and the launch_script role
+renders from the profile they publish (tests/launch_render.py).
 """
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
 from tests.launch_render import render
@@ -18,6 +20,10 @@ from tests.source_modules import load_module
 from tests.test_gpu_preflight_rules import ASSESS, PROBE, report, settings
 
 RULES = load_module(REPO_ROOT / "plugins" / "plugin_utils" / "gpu_preflight.py", "gpu_preflight_ecc_rules")
+LAUNCH = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_script_tier_filters")
+TIERS = yaml.safe_load((REPO_ROOT / "roles" / "launch_script" / "defaults" / "main.yml").read_text())[
+    "launch_script_memory_tiers"
+]
 INBAND = ["Tesla P40", "Tesla P4", "Tesla T4"]
 # (reported MiB, ECC state as the probe reads it)
 P40_TOTALS = {
@@ -46,8 +52,10 @@ def test_a_p40_gets_the_24_gb_tier_whatever_its_ecc_state(name):
         memory,
         ecc,
     )
-    assert profile["launch"]["min_memory_mib"] <= min(m for m, _ in P40_TOTALS.values())
-    assert not profile["launch"]["refuse"], profile["launch"]
+    tier = LAUNCH.memory_tier(profile["memory_mib"], TIERS)
+    assert tier["min_memory_mib"] <= min(m for m, _ in P40_TOTALS.values())
+    assert tier == LAUNCH.memory_tier(24576, TIERS)
+    assert not tier["refuse"], tier
     assert any(reason.startswith(f"ECC {ecc}: Tesla P40 reports {memory} MiB") for reason in profile["reasons"])
 
 
@@ -63,7 +71,7 @@ def test_each_p40_total_renders_a_launch_script(rendered, name):
     found = rendered[name]
     assert not found.refused and found.script is not None, found.refused
     overrides = dict(o.lstrip("+").split("=", 1) for o in found.overrides)
-    tier = p40_profile(*P40_TOTALS[name])["launch"]
+    tier = LAUNCH.memory_tier(P40_TOTALS[name][0], TIERS)
     micro = overrides["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]
     assert micro == str(tier["ppo_micro_batch_size_per_gpu"])
 

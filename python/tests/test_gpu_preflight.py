@@ -19,6 +19,7 @@ import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
 from p40fleet_dev.sandbox import LOGIN_USER, Sandbox
+from tests.source_modules import load_module
 
 pytestmark = pytest.mark.sandbox
 
@@ -207,7 +208,11 @@ ACCEPTED = {
     },
 }
 
-# Launch tier (min_memory_mib) each accepted host's GPU memory must select.
+# The launch script's memory tier (min_memory_mib) each accepted host's published memory per GPU must select.
+LAUNCH = load_module(REPO_ROOT / "plugins" / "filter" / "launch_script.py", "launch_script_tier_of_sandbox")
+LAUNCH_TIERS = yaml.safe_load((REPO_ROOT / "roles" / "launch_script" / "defaults" / "main.yml").read_text())[
+    "launch_script_memory_tiers"
+]
 TIERS = {
     "node1": 22500,
     "node8": 22500,
@@ -350,8 +355,10 @@ def test_accepted_host_publishes_and_saves_its_profile(fleet, first_run, host):
     profile = facts["gpu_preflight_profile"]
     for key, value in ACCEPTED[host].items():
         assert profile[key] == value, (host, key, profile[key])
+    # The tiers are the launch script's (launch_script_memory_tiers): preflight publishes the memory they are read by.
+    assert "launch" not in profile
     if host in TIERS:
-        assert profile["launch"]["min_memory_mib"] == TIERS[host]
+        assert LAUNCH.memory_tier(profile["memory_mib"], LAUNCH_TIERS)["min_memory_mib"] == TIERS[host]
     assert profile["reasons"][0].startswith(f"profile {profile['name']}: ")
     assert facts["gpu_preflight_driver_changed"] is False
     assert facts["gpu_preflight_has_gpu"] is (host != "node15")
@@ -366,7 +373,7 @@ def test_reasons_name_the_choices(first_run):
     node1 = published_facts(first_run, "node1")["gpu_preflight_profile"]["reasons"]
     assert node1[0] == "profile pascal: 1x Tesla P40, compute capability 6.1 (from nvidia-smi) is within 6.0-6.2"
     assert "rollout hf: vLLM requires compute capability 7.0+" in node1
-    assert node1[-2] == "launch defaults for >= 22500 MiB per GPU (23040 MiB found)"
+    assert not any(reason.startswith("launch defaults") for reason in node1)
     assert node1[-1].startswith("ECC on: Tesla P40 reports 23040 MiB; ECC keeps about 1536 MiB")
     node8 = published_facts(first_run, "node8")["gpu_preflight_profile"]["reasons"]
     assert node8[1] == "GPU model Tesla V100-SXM2-32GB chosen by gpu_preflight_gpu_select; hidden: Tesla P40"

@@ -604,7 +604,6 @@ def settings(host: str, host_vars: dict) -> dict:
         "compute_cap_by_name": values["gpu_preflight_compute_cap_by_name"],
         "ecc_inband": values["gpu_preflight_ecc_inband"],
         "profiles": values["gpu_preflight_profiles"],
-        "launch_tiers": values["gpu_preflight_launch_tiers"],
         "driver_min_version": values["gpu_preflight_driver_min_version"],
         "driver_min_reason": values["gpu_preflight_driver_min_reason"],
         "open_module_min_compute_cap": values["gpu_preflight_open_module_min_compute_cap"],

@@ -622,7 +622,8 @@ def test_history_keeps_each_hosts_topology_and_launch_script_hands_its_nccl_sett
             ]
         )
     )
-    result = run_playbook(playbook, inventory, cmdline=["-e", f"gpu_qualify_history_file={path}"])
+    # The history by its shared name, as `p40fleet` passes it (gpu_qualify's copy follows it).
+    result = run_playbook(playbook, inventory, cmdline=["-e", f"p40fleet_qualify_history_file={path}"])
     assert not result.failures, result.stdout[-3000:]
     assert {h: json.loads((tmp_path / f"{h}.json").read_text()) for h in hosts} == {
         "twin": {"NCCL_P2P_DISABLE": "1"},

@@ -213,6 +213,19 @@ def test_names_the_roles_use_and_names_without_a_role_prefix_pass():
     assert "check its name" in inputs.unknown_variable("cudnn_zzzz_qqqq", specs)
 
 
+def test_a_moved_variable_is_refused_with_its_new_name(tmp_path, capsys):
+    # The memory tiers moved from gpu_preflight to launch_script: an inventory that still sets the old name would
+    # have its tiers ignored.
+    assert inputs.RENAMED["gpu_preflight_launch_tiers"] in inputs.role_variable_specs()
+    inventory = write_inventory(tmp_path / "inv", {"node1": {**NOWHERE, "gpu_preflight_launch_tiers": []}})
+    assert cli.main(["run", "-i", str(inventory), "--state-dir", str(tmp_path / "state")]) == cli.EXIT_BAD_INPUT
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "host node1: gpu_preflight_launch_tiers in the inventory: no role reads it any more: it is now"
+        " launch_script_memory_tiers" in err
+    )
+
+
 def test_the_listing_is_reused_only_while_what_it_was_made_from_is_unchanged(tmp_path, monkeypatch):
     inventory = write_inventory(tmp_path / "inv", {"node1": dict(NOWHERE)}, group_vars={"apex_enabled": True})
     inventory = inventory.resolve()

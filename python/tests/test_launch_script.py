@@ -75,7 +75,7 @@ def rendered(tmp_path_factory) -> dict[str, dict]:
     {host: {"script": path, "printed": text, "overrides": [...]}}."""
     hosts = {name: {"profile": profile} for name, profile in HOSTS.items()}
     # vLLM is not installed by p40fleet (the verl role refuses it): a fleet that installs its own says so.
-    hosts["v100"]["verl_install_vllm"] = True
+    hosts["v100"]["launch_script_vllm_installed"] = True
     hosts["p40"]["launch_script_environment"] = {"WANDB_API_KEY": SECRET, "WANDB_MODE": "offline"}
     hosts["p40x2"]["launch_script_extra_overrides"] = ["trainer.val_before_train=False"]
     hosts["p40x2"]["launch_script_host_overrides"] = ["trainer.total_epochs=2"]

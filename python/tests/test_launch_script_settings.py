@@ -1,5 +1,6 @@
 """The launch settings (plugins/filter/launch_script.py, `launch_script_settings`): what the
-script renders from gpu_preflight's profile, its memory tier and the role's variables, as a table.
+script renders from gpu_preflight's profile, the memory tier its memory per GPU reaches (launch_script_memory_tiers)
+and the role's variables, as a table.
 
 The renderings themselves (test_launch_script.py, test_gpu_records.py) show the role wires these values into the
 overrides; here each rule is a row.
@@ -44,6 +45,7 @@ INPUTS = {
         "ppo_mini_batch_size",
         "batch_sizes",
         "allow_refused_tier",
+        "memory_tiers",
     )
 }
 INPUTS["vllm_installed"] = False
@@ -169,9 +171,51 @@ ROWS = [
     ),
     # Tiers that cannot train say why, unless the switch renders them on purpose.
     (P4, {"allow_refused_tier": True}, {"tier_refusal": "", "micro": 1, "rollout_micro": 8}),
-    # A profile without a tier takes the smallest batches and offloads.
+    # A profile without its memory gets the smallest tier's batches, offloads, and cannot train.
     ({"gpu_count": 1, "dtype": "float32"}, {}, {"micro": 1, "rollout_micro": 8, "optimizer_offload": True}),
+    # No tier at all (an operator's empty list): the smallest batches, offloaded, and no refusal.
+    (P40, {"memory_tiers": []}, {"micro": 1, "log_prob_micro": 1, "rollout_micro": 8, "tier_refusal": ""}),
+    # An operator's own tiers are the ones read.
+    (
+        P40,
+        {"memory_tiers": [{"min_memory_mib": 0, "ppo_micro_batch_size_per_gpu": 4, "refuse": {}}]},
+        {"micro": 4, "log_prob_micro": 1},
+    ),
 ]
+
+TIERS = DEFAULTS["launch_script_memory_tiers"]
+
+
+# (memory per GPU in MiB, the tier's min_memory_mib): the largest not above the memory wins; a P40 reports 22919 or
+# 23040 MiB with ECC on, 24451 or 24576 off (docs/facts-gpu.md), all in the 24 GB tier.
+@pytest.mark.parametrize(
+    ("memory_mib", "tier"),
+    [
+        (0, 0),
+        (7680, 0),
+        (14999, 0),
+        (15000, 15000),
+        (15360, 15000),
+        (22499, 15000),
+        (22500, 22500),
+        (22888, 22500),
+        (22919, 22500),
+        (23040, 22500),
+        (24576, 22500),
+        (39999, 22500),
+        (40000, 40000),
+        (81920, 40000),
+    ],
+)
+def test_the_memory_tier_is_the_largest_the_memory_reaches(memory_mib, tier):
+    assert FILTERS.memory_tier(memory_mib, TIERS)["min_memory_mib"] == tier
+    assert FILTERS.memory_tier(memory_mib, list(reversed(TIERS)))["min_memory_mib"] == tier
+
+
+def test_no_tier_the_memory_reaches_is_none():
+    assert FILTERS.memory_tier(8000, [{"min_memory_mib": 15000}]) == {}
+    assert FILTERS.memory_tier(8000, []) == {}
+    assert FILTERS.memory_tier(8000, None) == {}
 
 
 @pytest.mark.parametrize(("profile", "changes", "expected"), ROWS)

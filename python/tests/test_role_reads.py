@@ -50,8 +50,6 @@ LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
 PATCH_INPUTS = "verl_patches' inputs default to the verl variables (issue 59: a verl plan fact)"
 MIRROR = "a stage's mirror defaults to artifact_fetch's (issue 59: a shared p40fleet_ setting)"
-CLUSTER_NAME = "qualify groups the hosts by cluster through ray_cluster's input (issue 59: a shared p40fleet_ setting)"
-CLUSTER = "train_run reads ray_cluster's variables for the cluster it submits to (issue 59: a ray_cluster plan fact)"
 PINS = "playbooks/pins.yml reports every role's pins from the roles' own variables, by design (it runs no task)"
 CHECKLIST = "playbooks/verify.yml checks each stage's markers against the roles' own variables, by design"
 
@@ -86,12 +84,10 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "cudnn": (("cudnn_download_dir", "cudnn_prefix"), PREFLIGHT_DIRS),
     },
     "launch_script": {
-        "gpu_qualify": (("gpu_qualify_history_file",), LAUNCH_INPUTS),
         "training_data": (
             ("training_data_model_path", "training_data_test_file", "training_data_train_file"),
             LAUNCH_INPUTS,
         ),
-        "verl": (("verl_install_vllm", "verl_pinned_version", "verl_version"), LAUNCH_INPUTS),
     },
     "playbooks/pins.yml": {
         role: (names, PINS)
@@ -124,7 +120,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             ),
         }.items()
     },
-    "playbooks/qualify.yml": {"ray_cluster": (("ray_cluster_name",), CLUSTER_NAME)},
     "playbooks/verify.yml": {
         role: (names, CHECKLIST)
         for role, names in {
@@ -142,9 +137,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (("conda_env_python_version",), CONDA),
     },
-    "train_run": {
-        "ray_cluster": (("ray_cluster_firewall_verdicts", "ray_cluster_name"), CLUSTER),
-    },
     "verl": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (("conda_env_python_version",), CONDA),
@@ -159,10 +151,7 @@ ALLOWED_WRITES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 
 # playbook -> the roles it lists with `tags: [never]` only so that their variables are known.
 ALLOWED_NEVER_ROLES: dict[str, tuple[tuple[str, ...], str]] = {
-    "playbooks/cluster.yml": (
-        ("training_data", "verl"),
-        LAUNCH,
-    ),
+    "playbooks/cluster.yml": (("training_data",), LAUNCH),
     "playbooks/state.yml": (
         (
             "apex",

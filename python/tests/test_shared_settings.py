@@ -94,6 +94,15 @@ RESOLVED = {
     ),
     # The env's name: the later stages find the env by p40fleet_conda_env_name, never conda_env's copy.
     "the_env_name": ({"conda_env_name": "other"}, {"p40fleet_conda_env_name": "verl-env"}, ["conda_env_name"]),
+    # The cluster: train and qualify group the hosts by p40fleet_cluster, never ray_cluster's copy.
+    "the_cluster": ({"ray_cluster_name": "c1"}, {"p40fleet_cluster": ""}, ["ray_cluster_name"]),
+    "the_cluster_agrees": ({"p40fleet_cluster": "c1", "ray_cluster_name": "c1"}, {"p40fleet_cluster": "c1"}, []),
+    # verl's release: the launch script names p40fleet_verl_version, never the verl role's copy.
+    "the_verl_release": (
+        {"verl_pinned_version": "0.5.0"},
+        {"p40fleet_verl_version": DEFAULTS["p40fleet_verl_version"]},
+        ["verl_pinned_version"],
+    ),
     # A value only the run can read (a template, a vaulted one) is left to the run.
     "a_template": ({"conda_env_owner": "{{ someone }}"}, {"p40fleet_env_owner": OWNER}, []),
 }
