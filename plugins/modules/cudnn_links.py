@@ -3,7 +3,7 @@
 
 It replaced two loops of ansible.builtin.file (state link with force, state absent): one module run per file, and a
 real cuDNN 8.9 archive has about 45 headers and libraries, each one more round trip to every host. The cudnn role
-runs it as root, with the lists its own probe (cudnn_probe.py, root's, read-only) found; the CUDA tree is root's.
+runs it as root, with the lists its own probe (cudnn_probe, root's, read-only) found; the CUDA tree is root's.
 
 - `links`: each {src, dest}; dest becomes a symlink to src unless it already is one. A new link is made beside
   dest and renamed over it, as the file module's force does: a file or a link there is replaced in one step, a

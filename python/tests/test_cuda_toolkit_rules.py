@@ -1,6 +1,6 @@
 """cuda_toolkit's classification of what sits at the install path, without containers (plugins/filter/cuda_toolkit.py).
 
-The findings are the shape roles/cuda_toolkit/files/cuda_toolkit_probe.py prints; each situation is paired with
+The findings are the shape plugins/modules/cuda_toolkit_probe.py returns; each situation is paired with
 its verdict. The sandbox tests (test_cuda_toolkit.py) prove the wiring on hosts.
 """
 

@@ -1,6 +1,6 @@
 """Reads of files in the env owner's tree by root's probes, without hosts (docs/privileges.md): the conda probe's
 marker and .condarc (roles/conda_env/tasks/probe.yml) and the Apex wheel check's wheel and build.log
-(roles/apex/files/apex_wheel_check.py). The owner can put a FIFO (which blocked `cat` and `open` for ever) or a link
+(plugins/modules/apex_wheel_check.py). The owner can put a FIFO (which blocked `cat` and `open` for ever) or a link
 to root's files in their place; each must be refused at once, never followed. (The state probe's own reads:
 test_fleet_state.py.)
 """
@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from p40fleet_dev.paths import REPO_ROOT
+from tests.source_modules import load_module, run_module_main
 
-WHEEL_CHECK = REPO_ROOT / "roles" / "apex" / "files" / "apex_wheel_check.py"
+WHEEL_CHECK = load_module(REPO_ROOT / "plugins" / "modules" / "apex_wheel_check.py", "apex_wheel_check")
 
 
 def conda_reader() -> str:
@@ -51,12 +52,9 @@ def test_the_conda_probe_reads_regular_files_only_and_never_waits(planted):
 
 
 def wheel_check(wheel, log):
-    return subprocess.run(
-        ["/usr/bin/python3", "-I", str(WHEEL_CHECK), str(wheel), str(log), "amp_C"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+    """The module as Ansible runs it (AnsibleModule in this process): its result, `rc` its exit status."""
+    return run_module_main(
+        WHEEL_CHECK, {"wheel": str(wheel), "build_log": str(log), "modules": ["amp_C"], "host": "node1"}
     )
 
 
@@ -66,9 +64,14 @@ def test_the_wheel_check_refuses_a_fifo_or_a_link_for_the_wheel_or_its_log(plant
         archive.writestr("amp_C.cpython-311-x86_64-linux-gnu.so", b"")
     (planted / "build.log").write_text("ninja ran\n")
     done = wheel_check(wheel, planted / "build.log")
-    assert done.returncode == 0 and '"missing": []' in done.stdout, done.stderr
+    assert (done["rc"], done["missing"], done["built"], done["serial"]) == (0, [], ["amp_C"], False), done
     # A FIFO is opened without waiting and refused; a link is not opened at all (O_NOFOLLOW: ELOOP).
-    assert "fifo is not a regular file: refused" in wheel_check(wheel, planted / "fifo").stderr
-    assert "fifo is not a regular file: refused" in wheel_check(planted / "fifo", planted / "build.log").stderr
+    for done in (wheel_check(wheel, planted / "fifo"), wheel_check(planted / "fifo", planted / "build.log")):
+        assert done["rc"] == 1 and "node1: " in done["msg"] and "fifo is not a regular file: refused" in done["msg"]
     for done in (wheel_check(wheel, planted / "link"), wheel_check(planted / "link", planted / "build.log")):
-        assert done.returncode != 0 and "Too many levels of symbolic links" in done.stderr, done.stderr
+        assert done["rc"] == 1 and "Too many levels of symbolic links" in done["msg"], done
+    (planted / "build.log").write_text(
+        "UserWarning: Attempted to use ninja as the BuildExtension backend but we could not find ninja.\n"
+    )
+    done = wheel_check(wheel, planted / "build.log")
+    assert (done["rc"], done["serial"]) == (0, True), done

@@ -101,9 +101,11 @@ def test_no_role_uses_the_pip_module():
 def test_the_apex_wheel_check_runs_with_the_system_python_not_the_owners():
     build = yaml.safe_load((REPO_ROOT / "roles" / "apex" / "tasks" / "build.yml").read_text())
     (task,) = [t for t in tasks(build) if t["name"] == "List the extension modules in the built wheel"]
-    assert "apex_system_python" in task["ansible.builtin.command"]["argv"]
-    assert "p40fleet_conda_python" not in task["ansible.builtin.command"]["argv"]
+    # A root-side module, run by the host's system Python (apex_system_python), never the env owner's.
+    assert task["vars"]["ansible_python_interpreter"] == "{{ apex_system_python }}"
+    assert "p40fleet_conda_python" not in str(task)
     # As root, on root's own copies of the wheel and the log (in directories only root writes), never the owner's.
-    assert "become_user" not in task
-    assert "apex_built_stage_dir" in task["ansible.builtin.command"]["argv"]
-    assert "apex_build_log_path" in task["ansible.builtin.command"]["argv"]
+    assert task["become"] is True and "become_user" not in task
+    check = task["p40fleet.fleet.apex_wheel_check"]
+    assert check["wheel"].startswith("{{ apex_built_stage_dir }}/")
+    assert check["build_log"] == "{{ apex_build_log_path }}"
