@@ -32,7 +32,8 @@ CALL_ROLE = ("ansible.builtin.include_role", "ansible.builtin.import_role", "inc
 BLOCK = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.DOTALL)
 QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 # hostvars[h].name reads another host's copy of the variable: a read all the same.
-HOSTVARS = re.compile(r"hostvars\[[^\]]+\]\.([a-z_][a-z0-9_]*)")
+# The host's name may itself be an index (hostvars[members[0]].name): one level of nested brackets.
+HOSTVARS = re.compile(r"hostvars\[(?:[^\[\]]|\[[^\]]*\])+\]\.([a-z_][a-z0-9_]*)")
 NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 
 # Why an entry is still here. Each names the issue that removes it.
@@ -140,6 +141,13 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "verl": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (("conda_env_python_version",), CONDA),
+    },
+    "train_run": {
+        "ray_cluster": (
+            ("ray_cluster_head",),
+            "a cluster job starts on ray_cluster's head, read from the first member's hostvars (found once the scan "
+            "read nested brackets; issue 59: one shared setting beside p40fleet_cluster)",
+        ),
     },
     "verl_patches": {
         "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),
@@ -340,7 +348,7 @@ def test_the_scan_finds_reads_and_writes_in_every_form():
   vars:
     launch_script_nnodes: 2
 - ansible.builtin.assert:
-    that: ["hostvars[h].verl_version is defined"]
+    that: ["hostvars[h].verl_version is defined", "hostvars[members[0]].ray_cluster_head == ''"]
     fail_msg: "{{ 'conda_env_quoted' ~ x | p40fleet.fleet.train_run_state }}"
 - ansible.builtin.set_fact: {pytorch_thing: 1, cacheable: true}
 - ansible.builtin.include_role: {name: apex, tasks_from: x}
@@ -349,7 +357,7 @@ def test_the_scan_finds_reads_and_writes_in_every_form():
     )
     reads, writes = set(), set()
     walk(task, reads, writes)
-    assert {"launch_script_template", "gpu_qualify_ready", "verl_version"} <= reads
+    assert {"launch_script_template", "gpu_qualify_ready", "verl_version", "ray_cluster_head"} <= reads
     assert not {"conda_env_quoted", "train_run_state"} & reads
     assert {name for name, calls in writes if owner(name) not in calls} == {"launch_script_nnodes", "pytorch_thing"}
     assert template_names("{% for o in ray_cluster_x %}{{ o }}{# launch_script_y #}{% endfor %}") >= {"ray_cluster_x"}
