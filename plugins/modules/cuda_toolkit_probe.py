@@ -58,9 +58,9 @@ options:
 EXAMPLES = r"""
 - name: Probe the host's CUDA toolkit
   p40fleet.fleet.cuda_toolkit_probe:
-    home: /usr/local/cuda-11.8
+    home: "{{ p40fleet_cuda_home }}"
     link_path: /usr/local/cuda
-    marker: /var/lib/p40fleet/cuda_toolkit-cuda-11.8.installing
+    marker: "{{ cuda_toolkit_marker }}"
     room: [[/var/cache/p40fleet, 4100], [/var/tmp, 8192]]
     packages: [gcc-11, g++-11, libxml2]
     private_dirs: [/var/cache/p40fleet/cuda_toolkit.p40fleet]

@@ -46,8 +46,8 @@ options:
 EXAMPLES = r"""
 - name: Probe the host's cuDNN
   p40fleet.fleet.cudnn_probe:
-    prefix: /opt/cudnn-8.9.7
-    cuda_home: /usr/local/cuda-11.8
+    prefix: "{{ cudnn_prefix }}"
+    cuda_home: "{{ p40fleet_cuda_home }}"
     link_into_cuda: true
     state_file: /var/lib/p40fleet/cudnn.json
   register: cudnn_probe
