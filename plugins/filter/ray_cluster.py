@@ -62,7 +62,7 @@ def ray_cluster_plan(members, cluster, head="", reached=None):
     refusals = plan["refusals"]
     if head and head not in names:
         refusals.append(
-            f"cluster {cluster}: ray_cluster_head is {head}, which is not a member ({', '.join(names)}); "
+            f"cluster {cluster}: p40fleet_cluster_head is {head}, which is not a member ({', '.join(names)}); "
             f"set it to one of them, or leave it empty for the first"
         )
     plan["head"] = head if head in names else (names[0] if names else "")

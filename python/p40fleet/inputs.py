@@ -588,6 +588,7 @@ SHARED_SETTINGS = {
     "cuda_toolkit_env_file": "p40fleet_cuda_env_file",
     "launch_script_work_dir": "p40fleet_work_dir",
     "ray_cluster_name": "p40fleet_cluster",
+    "ray_cluster_head": "p40fleet_cluster_head",
     "verl_pinned_version": "p40fleet_verl_version",
 }
 SHARED_DEFAULTS_FILE = ROLES_DIR / "p40fleet_defaults" / "defaults" / "main.yml"

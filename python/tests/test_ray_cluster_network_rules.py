@@ -34,7 +34,7 @@ def env(role="worker", head="10.0.0.2:6379", cluster="c1", gpus="1", iface="eth1
     }
 
 
-# b is the head (ray_cluster_head: b): rank 0, then a and c in inventory order.
+# b is the head (p40fleet_cluster_head: b): rank 0, then a and c in inventory order.
 FOUND = {"a": env(), "b": env("head"), "c": env(), "d": env("head", "10.0.0.9:6379", "c2")}
 
 

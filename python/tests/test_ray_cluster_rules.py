@@ -35,7 +35,7 @@ THREE = inventory(("a", "c1"), ("b", "c1"), ("x", ""), ("c", "c1"), ("d", "c2"))
     [
         ("", {"a": member(), "b": member(), "c": member()}, "a", None),
         ("b", {"a": member(), "b": member(), "c": member()}, "b", None),
-        ("d", {"a": member(), "b": member(), "c": member()}, "a", "ray_cluster_head is d, which is not a member"),
+        ("d", {"a": member(), "b": member(), "c": member()}, "a", "p40fleet_cluster_head is d, which is not a member"),
         ("", {"a": member(), "c": member()}, "a", "member(s) b did not reach the cluster step"),
         (
             "",

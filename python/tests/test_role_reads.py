@@ -142,13 +142,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (("conda_env_python_version",), CONDA),
     },
-    "train_run": {
-        "ray_cluster": (
-            ("ray_cluster_head",),
-            "a cluster job starts on ray_cluster's head, read from the first member's hostvars (found once the scan "
-            "read nested brackets; issue 59: one shared setting beside p40fleet_cluster)",
-        ),
-    },
     "verl_patches": {
         "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),
     },

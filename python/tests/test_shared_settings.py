@@ -97,6 +97,8 @@ RESOLVED = {
     # The cluster: train and qualify group the hosts by p40fleet_cluster, never ray_cluster's copy.
     "the_cluster": ({"ray_cluster_name": "c1"}, {"p40fleet_cluster": ""}, ["ray_cluster_name"]),
     "the_cluster_agrees": ({"p40fleet_cluster": "c1", "ray_cluster_name": "c1"}, {"p40fleet_cluster": "c1"}, []),
+    # The head: ray_cluster starts it and train starts a cluster job there, both by p40fleet_cluster_head.
+    "the_head": ({"ray_cluster_head": "node2"}, {"p40fleet_cluster_head": ""}, ["ray_cluster_head"]),
     # verl's release: the launch script names p40fleet_verl_version, never the verl role's copy.
     "the_verl_release": (
         {"verl_pinned_version": "0.5.0"},
