@@ -1,7 +1,12 @@
 """The roles and playbooks as the Ansible collection p40fleet.fleet: built offline, all of it, nothing else; installed
 with ansible-galaxy, its playbook p40fleet.fleet.site converges a sandbox host from a directory outside the
 checkout, with nothing of the checkout on Ansible's paths, and an operator's own playbook there (no ansible.cfg)
-uses its role, module and filter by their full names. With no inventory, its site playbook fails."""
+uses its role, module and filter by their full names. With no inventory, its site playbook fails.
+
+The host converges for test_owner_fleet.py's env owner, logging in as root, so that its disk is the owner image that
+module and test_sandbox_docs.py start from (p40fleet_dev.images.publish_owner): the three modules are one work unit,
+this one first, and the suite converges one host fewer. A sudo login through the whole pipeline is the fault suite's
+node1 (docs/dev/faults.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +22,12 @@ import pytest
 import yaml
 
 from p40fleet.collection import collection_files
+from p40fleet_dev import images
 from p40fleet_dev.paths import REPO_ROOT
+from tests.test_owner_fleet import OWNER
+
+# One work unit with the modules that start from the host this one converges (its disk is their image).
+pytestmark = pytest.mark.xdist_group("owner-image")
 
 CHECKOUT_ONLY = (".venv/", ".cache/", ".sandbox/", ".runs/", ".fact_cache/", "python/", "molecule/", "build/")
 
@@ -132,7 +142,9 @@ def test_the_installed_collections_site_fails_with_no_inventory(installed):
 @pytest.mark.converge
 def test_the_installed_collection_converges_a_sandbox_host_from_anywhere(installed, make_sandbox):
     env, work = installed["env"], installed["work"]
-    fleet = make_sandbox("collection", ["p40"])
+    fleet = make_sandbox("collection", ["p40"], login="root")
+    # The operator's way to name the env owner: the inventory.
+    (fleet.inventory_dir / "group_vars" / "all.yml").write_text(yaml.safe_dump({"p40fleet_env_owner": OWNER}))
     inventory = ["-i", str(fleet.inventory_dir)]
     argv = [str(BIN / "ansible-playbook"), "p40fleet.fleet.site", *inventory, "-l", "p40-hosts"]
 
@@ -147,6 +159,8 @@ def test_the_installed_collection_converges_a_sandbox_host_from_anywhere(install
     assert changed > 0 and unreachable == failed == 0, first
     second = play(argv)
     assert second["node1"][1:] == (0, 0, 0), second
+    assert fleet.exec("node1", f"getent passwd {OWNER}").returncode == 0
+    images.publish_owner(fleet.host("node1").container, OWNER)
 
     # The operator's own playbook, beside no ansible.cfg, on the converged host.
     (work / "operator.yml").write_text(OPERATOR_PLAYBOOK)

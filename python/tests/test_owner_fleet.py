@@ -5,9 +5,10 @@ before any account is made. Then `p40fleet qualify`, on the stand-ins `sandbox u
 run as `trainer` (what the load made is trainer's, seen from the host; nothing is made for `p40fleet`), and fails a
 host whose owner setting names an account it does not have (exit 2, naming the host, what was found, what to do).
 
-The host is converged_image's variant with that owner (p40fleet_dev.images.owner_image: built once, minutes; then
-reused while nothing it depends on changes), started with the stand-in service manager. The rest of that owner's
-day, from the docs as an operator types it, is test_sandbox_docs.py's, on a copy of the same image: the re-run
+The host is converged_image's variant with that owner (p40fleet_dev.images.owner_image), started with the stand-in
+service manager: test_collection.py's host, converged for that owner by the installed collection, where that module ran
+first in this work unit (images.publish_owner), else built from a fresh host (this module run alone). The rest of that
+owner's day, from the docs as an operator types it, is test_sandbox_docs.py's, on a copy of the same image: the re-run
 changing nothing, `report --refresh` without drift, train start, status, stop and resume as `trainer`, and the bad
 inputs (a limit matching no host, a misspelled or out-of-range `-e`, `train start` for another owner).
 """
@@ -22,7 +23,8 @@ import yaml
 from p40fleet import api, cli
 from p40fleet_dev import images, standins
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.converge]
+# The owner image is test_collection.py's converge where that module ran first in this unit (images.publish_owner).
+pytestmark = [pytest.mark.sandbox, pytest.mark.converge, pytest.mark.xdist_group("owner-image")]
 
 OWNER = "trainer"
 DEFAULT_OWNER = "p40fleet"

@@ -38,6 +38,8 @@ OWNER = "trainer"
 DEFAULT_OWNER = standins.DEFAULT_OWNER
 PREFIX = "/opt/miniconda3"
 LOG = f"/home/{OWNER}/.p40fleet/train/gsm8k.log"
+# The owner image's unit (test_collection.py converges the host it is taken from).
+pytestmark = pytest.mark.xdist_group("owner-image")
 INVENTORY = r"\S+/inventory"
 
 

@@ -28,7 +28,6 @@ SECONDS: dict[str, float] = {
     "python/tests/test_train_runs.py": 356,
     "python/tests/test_bundle.py": 294,
     "python/tests/test_login_modes.py": 268,
-    "python/tests/test_collection.py": 235,
     "python/tests/test_verl_patches.py": 123,
     "python/tests/test_cpu_verl.py": 193,
     "python/tests/test_gpu_qualify.py": 180,
@@ -40,10 +39,8 @@ SECONDS: dict[str, float] = {
     "python/tests/test_verl_lock.py": 33,
     "python/tests/test_fact_cache.py": 9,
     "python/tests/test_training_data.py": 90,
-    # Not yet measured in a whole run: the owner image (about 215 s, built by whichever of the two starts first) and
-    # each module's own steps, as run alone on 2026-12-07.
-    "python/tests/test_owner_fleet.py": 250,
-    "python/tests/test_sandbox_docs.py": 150,
+    # Run alone on 2026-12-07 (the three modules, one worker): test_collection.py's converge is the owner image now.
+    "owner-image": 332,
     "python/tests/test_verl_patches_rules.py": 22,
     "python/tests/test_wheel.py": 15,
     "python/tests/test_fetch.py": 14,
@@ -70,24 +67,17 @@ REVIEWED: dict[str, str] = {
     "python/tests/test_train_runs.py": "p40fleet train for real on three sandbox hosts under the stand-in service "
     "manager: a stop and resume from a checkpoint and a power cycle under a run, followed to the end in status and "
     "report (review 2026-12-07: its fresh hosts are its subject, a converged host would not show a first start)",
-    "python/tests/test_collection.py": "the collection built offline and installed with ansible-galaxy converges a "
-    "sandbox host from outside the checkout (review 2026-12-07: one converge, what the acceptance asks for)",
     "python/tests/test_cpu_verl.py": "verl 0.4.1's and transformers' real code on a CPU: rollout positions with "
     "and without the patch, validation chunks and start-up checks for 1 to 8 GPUs, each with its negative control",
-    "python/tests/test_sandbox_docs.py": "docs/dev/sandbox-day.md's operator's day for the env owner trainer run as "
-    "written, from `sandbox up --services --owner trainer` to `down`: one host started from test_owner_fleet's "
-    "converged image (built once for both), a converged re-run, a refresh, qualify, report in text and HTML, train "
-    "start/status/stop/resume and four bad inputs, each command its own ansible-playbook or podman start (the only "
-    "test of the operator's path through the sandbox CLI; review 2026-12-07: the docs' own commands replace "
-    "test_owner_fleet's re-run, train and bad-input tests)",
     "python/tests/test_gpu_qualify.py": "playbooks/qualify.yml twice over real SSH and sudo, one recorded card per "
     "host, the second run judging a card from the history the first kept",
     "python/tests/test_gpu_preflight.py": "one ansible-playbook run judging every GPU setup preflight knows, one "
     "host each, and a driver change on a converged host",
-    # Added by the issue-58 owner branch, for the lead's review: its image is a second whole-pipeline converge.
-    "python/tests/test_owner_fleet.py": "a fresh host through site.yml for a non-default env owner (issues 58/59's "
-    "acceptance): the image of that variant is built once (test_sandbox_docs.py's day starts from it too), a "
-    "default-owner host cannot show it; then another owner refused and qualify's load run as that owner",
+    "owner-image": "one fresh host converged by the collection built offline and installed with ansible-galaxy, "
+    "from outside the checkout, for the env owner trainer (issues 58/59's acceptance), kept as the image that "
+    "test_owner_fleet.py (another owner refused, qualify's load run as trainer) and test_sandbox_docs.py "
+    "(docs/dev/sandbox-day.md's operator's day as written: a converged re-run, a refresh, qualify, report, train "
+    "start/status/stop/resume, four bad inputs) start from (review 2026-12-07: two converges made one)",
 }
 
 # --durations lines under xdist: "12.34s call     path::test@unit".
