@@ -37,12 +37,7 @@ HOSTVARS = re.compile(r"hostvars\[(?:[^\[\]]|\[[^\]]*\])+\]\.([a-z_][a-z0-9_]*)"
 NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 
 # Why an entry is still here. Each names the issue that removes it.
-CONDA = (
-    "the lock's Python is conda_env's input (issue 59: a shared p40fleet_ setting, as the env's paths and owner are)"
-)
-APEX_INSTALLER = (
-    "apex's builder env comes from conda_env's installer and Python (issue 59: a shared setting or plan fact)"
-)
+APEX_INSTALLER = "apex's builder env comes from conda_env's installer (issue 59: a shared setting or plan fact)"
 CUDA = "cuda_toolkit publishes cuda_toolkit_home under its input's name (issue 59: p40fleet_cuda_home or a plan fact)"
 PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (issue 59: a published plan of each)"
 # launch_script_plan is built from the earlier stages' variables (launch_script's defaults read them), so the play
@@ -63,7 +58,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                 "conda_env_installer_path",
                 "conda_env_installer_sha256",
                 "conda_env_installer_url",
-                "conda_env_python_version",
             ),
             APEX_INSTALLER,
         ),
@@ -95,7 +89,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         for role, names in {
             "apex": ("apex_build_requirements", "apex_enabled", "apex_find_links", "apex_git_commit", "apex_git_repo"),
             "artifact_fetch": ("artifact_fetch_controller_cache_dir",),
-            "conda_env": ("conda_env_installer_sha256", "conda_env_installer_url", "conda_env_python_version"),
+            "conda_env": ("conda_env_installer_sha256", "conda_env_installer_url"),
             "cuda_toolkit": (
                 "cuda_toolkit_runfile_sha256",
                 "cuda_toolkit_runfile_size_bytes",
@@ -136,11 +130,9 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     },
     "pytorch": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_python_version",), CONDA),
     },
     "verl": {
         "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_python_version",), CONDA),
     },
     "verl_patches": {
         "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),

@@ -94,6 +94,17 @@ RESOLVED = {
     ),
     # The env's name: the later stages find the env by p40fleet_conda_env_name, never conda_env's copy.
     "the_env_name": ({"conda_env_name": "other"}, {"p40fleet_conda_env_name": "verl-env"}, ["conda_env_name"]),
+    # The env's Python: the torch and verl locks and Apex's builder follow p40fleet_python_version, never conda_env's.
+    "the_python": (
+        {"conda_env_python_version": "3.11"},
+        {"p40fleet_python_version": DEFAULTS["p40fleet_python_version"]},
+        ["conda_env_python_version"],
+    ),
+    "the_python_agrees": (
+        {"p40fleet_python_version": "3.11", "conda_env_python_version": "3.11"},
+        {"p40fleet_python_version": "3.11"},
+        [],
+    ),
     # The cluster: train and qualify group the hosts by p40fleet_cluster, never ray_cluster's copy.
     "the_cluster": ({"ray_cluster_name": "c1"}, {"p40fleet_cluster": ""}, ["ray_cluster_name"]),
     "the_cluster_agrees": ({"p40fleet_cluster": "c1", "ray_cluster_name": "c1"}, {"p40fleet_cluster": "c1"}, []),
@@ -135,12 +146,16 @@ FOLLOWERS = {
     "launch_script_cuda_home": "cuda_home",
     "conda_env_install_prefix": "prefix",
     "launch_script_work_dir": "work_dir",
+    "conda_env_python_version": "python",
+    "pytorch_lock_python_version": "python",
+    "verl_lock_python_version": "python",
 }
 # Each role alone in its play, as qualify.yml, train.yml and smoke.yml load them (without conda_env, whose copy
 # used to be the fallback): role -> the variables it resolves (the load command's first word is the Python).
-# (verl is not here: its lock's Python still defaults to conda_env_python_version, conda_env's input.)
 ROLE_NAMES = {
-    "conda_env": ["conda_env_owner", "conda_env_install_prefix"],
+    "conda_env": ["conda_env_owner", "conda_env_install_prefix", "conda_env_python_version"],
+    "pytorch": ["pytorch_lock_python_version"],
+    "verl": ["verl_lock_python_version"],
     "launch_script": [
         "launch_script_owner",
         "launch_script_work_dir",
@@ -222,8 +237,20 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
 @pytest.mark.parametrize(
     "shared",
     [
-        {"owner": OWNER, "prefix": PREFIX, "work_dir": "", "cuda_home": DEFAULTS["p40fleet_cuda_home"]},
-        {"owner": "trainer", "prefix": "/srv/conda", "work_dir": "/srv/runs", "cuda_home": "/opt/cuda-11.8"},
+        {
+            "owner": OWNER,
+            "prefix": PREFIX,
+            "work_dir": "",
+            "cuda_home": DEFAULTS["p40fleet_cuda_home"],
+            "python": DEFAULTS["p40fleet_python_version"],
+        },
+        {
+            "owner": "trainer",
+            "prefix": "/srv/conda",
+            "work_dir": "/srv/runs",
+            "cuda_home": "/opt/cuda-11.8",
+            "python": "3.11",
+        },
     ],
     ids=["defaults", "set"],
 )
@@ -236,6 +263,7 @@ def test_every_role_follows_the_shared_settings(tmp_path, shared):
             "p40fleet_conda_prefix": shared["prefix"],
             "p40fleet_work_dir": shared["work_dir"],
             "p40fleet_cuda_home": shared["cuda_home"],
+            "p40fleet_python_version": shared["python"],
         }
     )
     resolved = resolve_in_a_play(tmp_path, extra)
