@@ -585,6 +585,7 @@ SHARED_SETTINGS = {
     "conda_env_install_prefix": "p40fleet_conda_prefix",
     "conda_env_name": "p40fleet_conda_env_name",
     "conda_env_python_version": "p40fleet_python_version",
+    "artifact_fetch_mirror_base_url": "p40fleet_mirror_base_url",
     "cuda_toolkit_home": "p40fleet_cuda_home",
     "cuda_toolkit_env_file": "p40fleet_cuda_env_file",
     "launch_script_work_dir": "p40fleet_work_dir",

@@ -45,14 +45,12 @@ PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (i
 LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
 PATCH_INPUTS = "verl_patches' inputs default to the verl variables (issue 59: a verl plan fact)"
-MIRROR = "a stage's mirror defaults to artifact_fetch's (issue 59: a shared p40fleet_ setting)"
 PINS = "playbooks/pins.yml reports every role's pins from the roles' own variables, by design (it runs no task)"
 CHECKLIST = "playbooks/verify.yml checks each stage's markers against the roles' own variables, by design"
 
 # reader (a role, or a playbook's path) -> owner role -> (the variables it reads or writes, why).
 ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "apex": {
-        "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (
             (
                 "conda_env_installer_path",
@@ -127,12 +125,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "verl": ("verl_checkout_dir", "verl_local_path", "verl_pinned_version", "verl_source"),
             "verl_patches": ("verl_patches_state_dir",),
         }.items()
-    },
-    "pytorch": {
-        "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-    },
-    "verl": {
-        "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
     },
     "verl_patches": {
         "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),

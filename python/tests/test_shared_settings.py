@@ -105,6 +105,12 @@ RESOLVED = {
         {"p40fleet_python_version": "3.11"},
         [],
     ),
+    # The mirror: the pytorch, apex and verl mirror sources read p40fleet_mirror_base_url, never artifact_fetch's copy.
+    "the_mirror": (
+        {"artifact_fetch_mirror_base_url": "http://mirror.example.internal/b"},
+        {"p40fleet_mirror_base_url": ""},
+        ["artifact_fetch_mirror_base_url"],
+    ),
     # The cluster: train and qualify group the hosts by p40fleet_cluster, never ray_cluster's copy.
     "the_cluster": ({"ray_cluster_name": "c1"}, {"p40fleet_cluster": ""}, ["ray_cluster_name"]),
     "the_cluster_agrees": ({"p40fleet_cluster": "c1", "ray_cluster_name": "c1"}, {"p40fleet_cluster": "c1"}, []),
