@@ -588,6 +588,8 @@ SHARED_SETTINGS = {
     "artifact_fetch_mirror_base_url": "p40fleet_mirror_base_url",
     "cuda_toolkit_home": "p40fleet_cuda_home",
     "cuda_toolkit_env_file": "p40fleet_cuda_env_file",
+    "gpu_preflight_state_file": "p40fleet_preflight_state_file",
+    "fleet_state_preflight_state_file": "p40fleet_preflight_state_file",
     "launch_script_work_dir": "p40fleet_work_dir",
     "ray_cluster_name": "p40fleet_cluster",
     "ray_cluster_head": "p40fleet_cluster_head",

@@ -70,7 +70,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "apex builds against pytorch's lock, read from pytorch's variables (issue 59: a pytorch plan fact)",
         ),
     },
-    "fleet_state": {"gpu_preflight": (("gpu_preflight_state_file",), "the state probe reads where preflight saves")},
     "gpu_preflight": {
         "conda_env": (("conda_env_download_dir",), PREFLIGHT_DIRS),
         "cuda_toolkit": (("cuda_toolkit_download_dir", "cuda_toolkit_tmpdir"), PREFLIGHT_DIRS),
@@ -120,7 +119,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "conda_env": ("conda_env_install_prefix", "conda_env_name", "conda_env_owner"),
             "cuda_toolkit": ("cuda_toolkit_default_link", "cuda_toolkit_home", "cuda_toolkit_version"),
             "cudnn": ("cudnn_prefix", "cudnn_version"),
-            "gpu_preflight": ("gpu_preflight_state_file",),
             "pytorch": ("pytorch_cuda_tag", "pytorch_cuda_version", "pytorch_torch_version"),
             "verl": ("verl_checkout_dir", "verl_local_path", "verl_pinned_version", "verl_source"),
             "verl_patches": ("verl_patches_state_dir",),

@@ -111,6 +111,13 @@ RESOLVED = {
         {"p40fleet_mirror_base_url": ""},
         ["artifact_fetch_mirror_base_url"],
     ),
+    # Preflight's saved state: the state probe and the checklist read p40fleet_preflight_state_file, where
+    # gpu_preflight saves it; neither role's copy.
+    "the_preflight_state": (
+        {"gpu_preflight_state_file": "/srv/preflight.fact", "fleet_state_preflight_state_file": "/srv/preflight.fact"},
+        {"p40fleet_preflight_state_file": DEFAULTS["p40fleet_preflight_state_file"]},
+        ["gpu_preflight_state_file", "fleet_state_preflight_state_file"],
+    ),
     # The cluster: train and qualify group the hosts by p40fleet_cluster, never ray_cluster's copy.
     "the_cluster": ({"ray_cluster_name": "c1"}, {"p40fleet_cluster": ""}, ["ray_cluster_name"]),
     "the_cluster_agrees": ({"p40fleet_cluster": "c1", "ray_cluster_name": "c1"}, {"p40fleet_cluster": "c1"}, []),
@@ -155,6 +162,8 @@ FOLLOWERS = {
     "conda_env_python_version": "python",
     "pytorch_lock_python_version": "python",
     "verl_lock_python_version": "python",
+    "gpu_preflight_state_file": "preflight_state_file",
+    "fleet_state_preflight_state_file": "preflight_state_file",
 }
 # Each role alone in its play, as qualify.yml, train.yml and smoke.yml load them (without conda_env, whose copy
 # used to be the fallback): role -> the variables it resolves (the load command's first word is the Python).
@@ -174,7 +183,8 @@ ROLE_NAMES = {
     "train_run": ["train_run_owner"],
     "ray_cluster": ["ray_cluster_owner", "ray_cluster_ray_bin"],
     "gpu_qualify": ["gpu_qualify_load_user", "gpu_qualify_load_command[0]"],
-    "gpu_preflight": ["gpu_preflight_disk_checks"],
+    "fleet_state": ["fleet_state_preflight_state_file"],
+    "gpu_preflight": ["gpu_preflight_disk_checks", "gpu_preflight_state_file"],
 }
 # Each play loads one role for its variables only, as the playbooks list a role with `tags: [never]`;
 # gpu_preflight (whose probe runs whatever the tags) through its read-only entry point instead.
@@ -249,6 +259,7 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
             "work_dir": "",
             "cuda_home": DEFAULTS["p40fleet_cuda_home"],
             "python": DEFAULTS["p40fleet_python_version"],
+            "preflight_state_file": DEFAULTS["p40fleet_preflight_state_file"],
         },
         {
             "owner": "trainer",
@@ -256,6 +267,7 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
             "work_dir": "/srv/runs",
             "cuda_home": "/opt/cuda-11.8",
             "python": "3.11",
+            "preflight_state_file": "/srv/facts/p40fleet_preflight.fact",
         },
     ],
     ids=["defaults", "set"],
@@ -270,6 +282,7 @@ def test_every_role_follows_the_shared_settings(tmp_path, shared):
             "p40fleet_work_dir": shared["work_dir"],
             "p40fleet_cuda_home": shared["cuda_home"],
             "p40fleet_python_version": shared["python"],
+            "p40fleet_preflight_state_file": shared["preflight_state_file"],
         }
     )
     resolved = resolve_in_a_play(tmp_path, extra)
