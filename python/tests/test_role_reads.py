@@ -44,7 +44,9 @@ PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (i
 # that asks for it still lists those roles.
 LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
-PATCH_INPUTS = "verl_patches' inputs default to the verl variables (issue 59: a verl plan fact)"
+# Not a shared setting: the checkout is verl_checkout_dir or verl_local_path as verl_source says, the verl role's
+# own inputs; its release is p40fleet_verl_version, which verl_patches reads.
+PATCH_INPUTS = "verl_patches' source dir defaults to the checkout the verl role derives (issue 59: a verl plan fact)"
 PINS = "playbooks/pins.yml reports every role's pins from the roles' own variables, by design (it runs no task)"
 CHECKLIST = "playbooks/verify.yml checks each stage's markers against the roles' own variables, by design"
 
@@ -125,7 +127,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         }.items()
     },
     "verl_patches": {
-        "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),
+        "verl": (("verl_source_dir",), PATCH_INPUTS),
     },
 }
 

@@ -164,6 +164,8 @@ FOLLOWERS = {
     "verl_lock_python_version": "python",
     "gpu_preflight_state_file": "preflight_state_file",
     "fleet_state_preflight_state_file": "preflight_state_file",
+    "verl_patches_verl_version": "verl_version",
+    "launch_script_verl_version": "verl_version",
 }
 # Each role alone in its play, as qualify.yml, train.yml and smoke.yml load them (without conda_env, whose copy
 # used to be the fallback): role -> the variables it resolves (the load command's first word is the Python).
@@ -176,10 +178,11 @@ ROLE_NAMES = {
         "launch_script_work_dir",
         "launch_script_python",
         "launch_script_cuda_home",
+        "launch_script_verl_version",
     ],
     "training_data": ["training_data_owner", "training_data_python"],
     "apex": ["apex_owner"],
-    "verl_patches": ["verl_patches_source_owner", "verl_patches_python"],
+    "verl_patches": ["verl_patches_source_owner", "verl_patches_python", "verl_patches_verl_version"],
     "train_run": ["train_run_owner"],
     "ray_cluster": ["ray_cluster_owner", "ray_cluster_ray_bin"],
     "gpu_qualify": ["gpu_qualify_load_user", "gpu_qualify_load_command[0]"],
@@ -260,6 +263,7 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
             "cuda_home": DEFAULTS["p40fleet_cuda_home"],
             "python": DEFAULTS["p40fleet_python_version"],
             "preflight_state_file": DEFAULTS["p40fleet_preflight_state_file"],
+            "verl_version": DEFAULTS["p40fleet_verl_version"],
         },
         {
             "owner": "trainer",
@@ -268,6 +272,7 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
             "cuda_home": "/opt/cuda-11.8",
             "python": "3.11",
             "preflight_state_file": "/srv/facts/p40fleet_preflight.fact",
+            "verl_version": "0.5.0",
         },
     ],
     ids=["defaults", "set"],
@@ -283,6 +288,7 @@ def test_every_role_follows_the_shared_settings(tmp_path, shared):
             "p40fleet_cuda_home": shared["cuda_home"],
             "p40fleet_python_version": shared["python"],
             "p40fleet_preflight_state_file": shared["preflight_state_file"],
+            "p40fleet_verl_version": shared["verl_version"],
         }
     )
     resolved = resolve_in_a_play(tmp_path, extra)
