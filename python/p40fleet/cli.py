@@ -380,7 +380,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     console.print(
         "Serve the directory as is over HTTP(S) and point the fleet at it (group_vars):\n"
         "  artifact_fetch_source: mirror\n"
-        "  artifact_fetch_mirror_base_url: <the URL the directory is served at>\n"
+        "  p40fleet_mirror_base_url: <the URL the directory is served at>\n"
         "  pytorch_source: mirror\n"
         "  apex_git_source: mirror\n"
         "  verl_git_source: mirror"

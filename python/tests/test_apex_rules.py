@@ -318,7 +318,7 @@ def test_the_build_runs_root_s_builder_env_never_the_env_s_python_or_torch():
     # The builder env is root's: made by root alone (no account runs anything there), in root's state tree.
     builder = [task for task, name in apex_tasks() if name == "builder_env.yml"]
     assert builder and not [t for t in builder if "p40fleet.fleet.fleet_state_owner_run" in t or "become_user" in t]
-    # Its Python is checked against the env's pin (conda_env_python_version), never run from the env.
+    # Its Python is checked against the env's pin (p40fleet_python_version), never run from the env.
     assert not re.search(r"conda_env_(python(?!_version)|prefix)", (ROLE / "tasks" / "builder_env.yml").read_text())
     assert yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["apex_builder_prefix"].startswith(
         "{{ p40fleet_state_dir }}/"

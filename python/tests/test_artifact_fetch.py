@@ -98,7 +98,7 @@ def test_mirror_source_uses_the_upstream_file_name_under_the_mirror(fleet, run_p
             # The real NVIDIA URL: unreachable here, so only the mirror can have served the file.
             "fetch_test_url": REAL_UPSTREAM_URL,
             "artifact_fetch_source": "mirror",
-            "artifact_fetch_mirror_base_url": "{{ p40fleet_sandbox_mirror_url }}/cudnn_tarball/",
+            "p40fleet_mirror_base_url": "{{ p40fleet_sandbox_mirror_url }}/cudnn_tarball/",
         },
     )
     assert result.rc == 0, result.stdout

@@ -212,7 +212,7 @@ MIRROR_SOURCES = {
         "https://github.com/volcengine/verl.git",
     ),
     "plain-http-mirror": (
-        {"artifact_fetch_mirror_base_url": "http://mirror.example.internal:8080/bundle/",
+        {"p40fleet_mirror_base_url": "http://mirror.example.internal:8080/bundle/",
          "pytorch_source": "mirror", "apex_git_source": "mirror", "verl_git_source": "mirror"},
         ["no-index = true", "find-links = http://mirror.example.internal:8080/bundle/wheels/",
          "trusted-host = mirror.example.internal"],
@@ -221,7 +221,7 @@ MIRROR_SOURCES = {
         "http://mirror.example.internal:8080/bundle/git/verl.git",
     ),
     "https-mirror-of-its-own": (
-        {"artifact_fetch_mirror_base_url": "http://unused.example.internal", "pytorch_source": "mirror",
+        {"p40fleet_mirror_base_url": "http://unused.example.internal", "pytorch_source": "mirror",
          "pytorch_mirror_url": "https://wheels.example.internal/b", "pytorch_find_links": ["https://x.invalid/"],
          "pytorch_trusted_hosts": ["x.invalid"]},
         ["no-index = true", "find-links = https://wheels.example.internal/b/wheels/"],
@@ -324,7 +324,7 @@ def test_a_fresh_host_provisions_from_the_bundle_alone(fleet, run_playbook, bund
     # What a bundle-fed fleet sets (docs/air-gapped.md), and nothing of the sandbox's own sources.
     bundle_vars = {
         "artifact_fetch_source": "mirror",
-        "artifact_fetch_mirror_base_url": base_url,
+        "p40fleet_mirror_base_url": base_url,
         "pytorch_source": "mirror",
         "apex_git_source": "mirror",
         "verl_git_source": "mirror",

@@ -614,7 +614,7 @@ def settings(host: str, host_vars: dict) -> dict:
             {**c, "path": render(c["path"]), "installed_marker": render(c["installed_marker"])}
             for c in values["gpu_preflight_disk_checks"]
         ],
-        "state_file": values["gpu_preflight_state_file"],
+        "state_file": render(values["gpu_preflight_state_file"]),
     }
 
 

@@ -28,8 +28,9 @@ def rendered(tmp_path, variables):
 
 
 def lock_digest(found):
-    """The marker's digest: the lock's text, then pip's sources (its environment, then its options) as one line."""
-    content = Path(found["lock_source"]).read_text() + "\n" if found["lock_source"] else ""
+    """The marker's digest: the lock's text (as the file lookup reads it, trailing whitespace stripped, then one
+    newline), then pip's sources (its environment, then its options) as one line."""
+    content = Path(found["lock_source"]).read_text().rstrip() + "\n" if found["lock_source"] else ""
     sources = [f"{k}={v}" for k, v in sorted(found["lock_pip_environment"].items())] + found["lock_pip_options"]
     return hashlib.sha1((content + " ".join(sources)).encode()).hexdigest()
 
@@ -43,7 +44,9 @@ def test_the_index_and_its_credentials_stay_off_pips_command_line(tmp_path):
         "PIP_INDEX_URL": INDEX,
         "PIP_EXTRA_INDEX_URL": "https://pypi.org/simple",
     }
-    # The marker's digest covers the sources in the environment: another index installs the lock again.
+    # The marker's digest covers the lock (found: the play resolves the env's Python without conda_env) and the
+    # sources in the environment: another index installs the lock again.
+    assert found["lock_source"].endswith(".lock.txt"), found["lock_source"]
     assert found["lock_digest"] == lock_digest(found)
     other = rendered(tmp_path / "other", {"pytorch_index_url": INDEX.replace("pa55w0rd", "other")})
     assert other["lock_digest"] != found["lock_digest"]

@@ -102,7 +102,7 @@ def test_env_is_owned_by_the_unprivileged_user_with_pinned_python(converged, fle
         assert sh(fleet, host, f"stat -c %U {ENV} /opt/miniconda3").stdout.split() == [OWNER, OWNER]
         envs = json.loads(sh(fleet, host, "/opt/miniconda3/bin/conda env list --json").stdout)["envs"]
         assert ENV in envs
-        # The sandbox inventory sets conda_env_python_version 3.11 (the stand-in conda gives the host's Python).
+        # The sandbox inventory sets p40fleet_python_version 3.11 (the stand-in conda gives the host's Python).
         version = sh(fleet, host, f"{PY} -c 'import sys; print(sys.version_info[:2])'").stdout.strip()
         assert version == "(3, 11)"
         # Cloned offline from the installer's own Python: no channel was solved against.
@@ -357,7 +357,7 @@ def test_verl_is_installed_editable_at_the_pinned_release(converged, fleet, sand
 
 def test_env_of_another_python_is_reported_not_reused(converged, fleet, play):
     # An installer of that Python (by its release name; the stand-in's bytes and sum stay what is installed).
-    asked = {"conda_env_python_version": "3.10", "conda_env_miniconda_version": "py310_standin"}
+    asked = {"p40fleet_python_version": "3.10", "conda_env_miniconda_version": "py310_standin"}
     result = play(limit="node2", tags="conda_env", extra_vars=asked)
     assert result.rc != 0
     messages = [f.message for f in result.host_failures("node2")]

@@ -37,33 +37,27 @@ HOSTVARS = re.compile(r"hostvars\[(?:[^\[\]]|\[[^\]]*\])+\]\.([a-z_][a-z0-9_]*)"
 NAME = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)")
 
 # Why an entry is still here. Each names the issue that removes it.
-CONDA = (
-    "the lock's Python is conda_env's input (issue 59: a shared p40fleet_ setting, as the env's paths and owner are)"
-)
-APEX_INSTALLER = (
-    "apex's builder env comes from conda_env's installer and Python (issue 59: a shared setting or plan fact)"
-)
+APEX_INSTALLER = "apex's builder env comes from conda_env's installer (issue 59: a shared setting or plan fact)"
 CUDA = "cuda_toolkit publishes cuda_toolkit_home under its input's name (issue 59: p40fleet_cuda_home or a plan fact)"
 PREFLIGHT_DIRS = "gpu_preflight sizes the disk from the stages' download dirs (issue 59: a published plan of each)"
 # launch_script_plan is built from the earlier stages' variables (launch_script's defaults read them), so the play
 # that asks for it still lists those roles.
 LAUNCH = "launch_script's plan reads the stages' variables (issue 59: their plan facts, then cluster.yml lists none)"
 LAUNCH_INPUTS = "launch_script's inputs default to the stages' variables (issue 59: each stage's plan fact)"
-PATCH_INPUTS = "verl_patches' inputs default to the verl variables (issue 59: a verl plan fact)"
-MIRROR = "a stage's mirror defaults to artifact_fetch's (issue 59: a shared p40fleet_ setting)"
+# Not a shared setting: the checkout is verl_checkout_dir or verl_local_path as verl_source says, the verl role's
+# own inputs; its release is p40fleet_verl_version, which verl_patches reads.
+PATCH_INPUTS = "verl_patches' source dir defaults to the checkout the verl role derives (issue 59: a verl plan fact)"
 PINS = "playbooks/pins.yml reports every role's pins from the roles' own variables, by design (it runs no task)"
 CHECKLIST = "playbooks/verify.yml checks each stage's markers against the roles' own variables, by design"
 
 # reader (a role, or a playbook's path) -> owner role -> (the variables it reads or writes, why).
 ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "apex": {
-        "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
         "conda_env": (
             (
                 "conda_env_installer_path",
                 "conda_env_installer_sha256",
                 "conda_env_installer_url",
-                "conda_env_python_version",
             ),
             APEX_INSTALLER,
         ),
@@ -78,7 +72,6 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "apex builds against pytorch's lock, read from pytorch's variables (issue 59: a pytorch plan fact)",
         ),
     },
-    "fleet_state": {"gpu_preflight": (("gpu_preflight_state_file",), "the state probe reads where preflight saves")},
     "gpu_preflight": {
         "conda_env": (("conda_env_download_dir",), PREFLIGHT_DIRS),
         "cuda_toolkit": (("cuda_toolkit_download_dir", "cuda_toolkit_tmpdir"), PREFLIGHT_DIRS),
@@ -95,7 +88,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         for role, names in {
             "apex": ("apex_build_requirements", "apex_enabled", "apex_find_links", "apex_git_commit", "apex_git_repo"),
             "artifact_fetch": ("artifact_fetch_controller_cache_dir",),
-            "conda_env": ("conda_env_installer_sha256", "conda_env_installer_url", "conda_env_python_version"),
+            "conda_env": ("conda_env_installer_sha256", "conda_env_installer_url"),
             "cuda_toolkit": (
                 "cuda_toolkit_runfile_sha256",
                 "cuda_toolkit_runfile_size_bytes",
@@ -128,22 +121,13 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
             "conda_env": ("conda_env_install_prefix", "conda_env_name", "conda_env_owner"),
             "cuda_toolkit": ("cuda_toolkit_default_link", "cuda_toolkit_home", "cuda_toolkit_version"),
             "cudnn": ("cudnn_prefix", "cudnn_version"),
-            "gpu_preflight": ("gpu_preflight_state_file",),
             "pytorch": ("pytorch_cuda_tag", "pytorch_cuda_version", "pytorch_torch_version"),
             "verl": ("verl_checkout_dir", "verl_local_path", "verl_pinned_version", "verl_source"),
             "verl_patches": ("verl_patches_state_dir",),
         }.items()
     },
-    "pytorch": {
-        "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_python_version",), CONDA),
-    },
-    "verl": {
-        "artifact_fetch": (("artifact_fetch_mirror_base_url",), MIRROR),
-        "conda_env": (("conda_env_python_version",), CONDA),
-    },
     "verl_patches": {
-        "verl": (("verl_source_dir", "verl_version"), PATCH_INPUTS),
+        "verl": (("verl_source_dir",), PATCH_INPUTS),
     },
 }
 

@@ -94,6 +94,30 @@ RESOLVED = {
     ),
     # The env's name: the later stages find the env by p40fleet_conda_env_name, never conda_env's copy.
     "the_env_name": ({"conda_env_name": "other"}, {"p40fleet_conda_env_name": "verl-env"}, ["conda_env_name"]),
+    # The env's Python: the torch and verl locks and Apex's builder follow p40fleet_python_version, never conda_env's.
+    "the_python": (
+        {"conda_env_python_version": "3.11"},
+        {"p40fleet_python_version": DEFAULTS["p40fleet_python_version"]},
+        ["conda_env_python_version"],
+    ),
+    "the_python_agrees": (
+        {"p40fleet_python_version": "3.11", "conda_env_python_version": "3.11"},
+        {"p40fleet_python_version": "3.11"},
+        [],
+    ),
+    # The mirror: the pytorch, apex and verl mirror sources read p40fleet_mirror_base_url, never artifact_fetch's copy.
+    "the_mirror": (
+        {"artifact_fetch_mirror_base_url": "http://mirror.example.internal/b"},
+        {"p40fleet_mirror_base_url": ""},
+        ["artifact_fetch_mirror_base_url"],
+    ),
+    # Preflight's saved state: the state probe and the checklist read p40fleet_preflight_state_file, where
+    # gpu_preflight saves it; neither role's copy.
+    "the_preflight_state": (
+        {"gpu_preflight_state_file": "/srv/preflight.fact", "fleet_state_preflight_state_file": "/srv/preflight.fact"},
+        {"p40fleet_preflight_state_file": DEFAULTS["p40fleet_preflight_state_file"]},
+        ["gpu_preflight_state_file", "fleet_state_preflight_state_file"],
+    ),
     # The cluster: train and qualify group the hosts by p40fleet_cluster, never ray_cluster's copy.
     "the_cluster": ({"ray_cluster_name": "c1"}, {"p40fleet_cluster": ""}, ["ray_cluster_name"]),
     "the_cluster_agrees": ({"p40fleet_cluster": "c1", "ray_cluster_name": "c1"}, {"p40fleet_cluster": "c1"}, []),
@@ -135,25 +159,35 @@ FOLLOWERS = {
     "launch_script_cuda_home": "cuda_home",
     "conda_env_install_prefix": "prefix",
     "launch_script_work_dir": "work_dir",
+    "conda_env_python_version": "python",
+    "pytorch_lock_python_version": "python",
+    "verl_lock_python_version": "python",
+    "gpu_preflight_state_file": "preflight_state_file",
+    "fleet_state_preflight_state_file": "preflight_state_file",
+    "verl_patches_verl_version": "verl_version",
+    "launch_script_verl_version": "verl_version",
 }
 # Each role alone in its play, as qualify.yml, train.yml and smoke.yml load them (without conda_env, whose copy
 # used to be the fallback): role -> the variables it resolves (the load command's first word is the Python).
-# (verl is not here: its lock's Python still defaults to conda_env_python_version, conda_env's input.)
 ROLE_NAMES = {
-    "conda_env": ["conda_env_owner", "conda_env_install_prefix"],
+    "conda_env": ["conda_env_owner", "conda_env_install_prefix", "conda_env_python_version"],
+    "pytorch": ["pytorch_lock_python_version"],
+    "verl": ["verl_lock_python_version"],
     "launch_script": [
         "launch_script_owner",
         "launch_script_work_dir",
         "launch_script_python",
         "launch_script_cuda_home",
+        "launch_script_verl_version",
     ],
     "training_data": ["training_data_owner", "training_data_python"],
     "apex": ["apex_owner"],
-    "verl_patches": ["verl_patches_source_owner", "verl_patches_python"],
+    "verl_patches": ["verl_patches_source_owner", "verl_patches_python", "verl_patches_verl_version"],
     "train_run": ["train_run_owner"],
     "ray_cluster": ["ray_cluster_owner", "ray_cluster_ray_bin"],
     "gpu_qualify": ["gpu_qualify_load_user", "gpu_qualify_load_command[0]"],
-    "gpu_preflight": ["gpu_preflight_disk_checks"],
+    "fleet_state": ["fleet_state_preflight_state_file"],
+    "gpu_preflight": ["gpu_preflight_disk_checks", "gpu_preflight_state_file"],
 }
 # Each play loads one role for its variables only, as the playbooks list a role with `tags: [never]`;
 # gpu_preflight (whose probe runs whatever the tags) through its read-only entry point instead.
@@ -222,8 +256,24 @@ def resolve_in_a_play(tmp_path, extra: dict) -> dict:
 @pytest.mark.parametrize(
     "shared",
     [
-        {"owner": OWNER, "prefix": PREFIX, "work_dir": "", "cuda_home": DEFAULTS["p40fleet_cuda_home"]},
-        {"owner": "trainer", "prefix": "/srv/conda", "work_dir": "/srv/runs", "cuda_home": "/opt/cuda-11.8"},
+        {
+            "owner": OWNER,
+            "prefix": PREFIX,
+            "work_dir": "",
+            "cuda_home": DEFAULTS["p40fleet_cuda_home"],
+            "python": DEFAULTS["p40fleet_python_version"],
+            "preflight_state_file": DEFAULTS["p40fleet_preflight_state_file"],
+            "verl_version": DEFAULTS["p40fleet_verl_version"],
+        },
+        {
+            "owner": "trainer",
+            "prefix": "/srv/conda",
+            "work_dir": "/srv/runs",
+            "cuda_home": "/opt/cuda-11.8",
+            "python": "3.11",
+            "preflight_state_file": "/srv/facts/p40fleet_preflight.fact",
+            "verl_version": "0.5.0",
+        },
     ],
     ids=["defaults", "set"],
 )
@@ -236,6 +286,9 @@ def test_every_role_follows_the_shared_settings(tmp_path, shared):
             "p40fleet_conda_prefix": shared["prefix"],
             "p40fleet_work_dir": shared["work_dir"],
             "p40fleet_cuda_home": shared["cuda_home"],
+            "p40fleet_python_version": shared["python"],
+            "p40fleet_preflight_state_file": shared["preflight_state_file"],
+            "p40fleet_verl_version": shared["verl_version"],
         }
     )
     resolved = resolve_in_a_play(tmp_path, extra)

@@ -66,7 +66,7 @@ def run_verl(run_playbook, tmp_path, repo, expected: str, owner: str = "nobody",
         # only its standard library.
         "p40fleet_conda_python": "/usr/bin/python3",
         "p40fleet_env_owner": owner,
-        "conda_env_python_version": "3.11",
+        "p40fleet_python_version": "3.11",
         "verl_git_url": str(repo),
         "verl_expected_commit": expected,
         "verl_checkout_dir": str(tmp_path / "checkout"),

@@ -233,7 +233,7 @@ def test_marker_environment_is_what_the_locks_target() -> None:
 
 def test_role_stops_where_no_lock_was_resolved_for_the_envs_python(run_playbook, tmp_path) -> None:
     """An env on a Python no lock was resolved for stops before anything is installed, naming what to do."""
-    result = run_verl_role(run_playbook, tmp_path, {"conda_env_python_version": "3.12"})
+    result = run_verl_role(run_playbook, tmp_path, {"p40fleet_python_version": "3.12"})
     env = tmp_path / "env"
     assert result.rc != 0
     (failure,) = result.failures

@@ -199,6 +199,8 @@ def play(run_playbook):
             "verl_patches_python": "/usr/bin/python3",
             # The test's own files, in root's temporary directory: root plays the checkout's owner.
             "verl_patches_source_owner": "root",
+            # The role alone on whichever release the workspace holds: the source's own version, not the fleet's.
+            "verl_patches_verl_version": "",
         }
         if profile is not None:
             extra["verl_patches_profile"] = profile

@@ -304,7 +304,7 @@ def fresh_fleet_runs(sandbox: Sandbox, pool: list[str], sizes: list[int], mirror
                 "artifact_fetch_controller_cache_dir": str(sandbox.dir / f"bench-cache-{mode}-{size}"),
             }
             if mode == "mirror":
-                extravars["artifact_fetch_mirror_base_url"] = MIRROR_BASE_URL
+                extravars["p40fleet_mirror_base_url"] = MIRROR_BASE_URL
             log(f"fresh fleet of {size} ({', '.join(hosts)}), artifact_fetch_source={mode}, --tags {ARTIFACT_TAGS}")
             before = mirror_log(sandbox)
             run = via_runner(SITE_PLAYBOOK, sandbox.inventory_dir, limit_for(hosts), ARTIFACT_TAGS, extravars)

@@ -166,7 +166,7 @@ def test_mirror_source_refuses_the_tampered_file_on_each_host(fleet, tampered, a
     needs_the_artifact(fleet, artifact)
     url, pin, found = tampered[artifact.name]
     base = url.rsplit("/", 1)[0] + "/"
-    extra = {"artifact_fetch_source": "mirror", "artifact_fetch_mirror_base_url": base}
+    extra = {"artifact_fetch_source": "mirror", "p40fleet_mirror_base_url": base}
     message = run_tampered(fleet, artifact, tampered, extra)
     partial = f"{Path(artifact.dest).parent}/.{artifact.file}.partial/"
     expected = (

@@ -107,7 +107,7 @@ def test_a_moved_anchor_or_a_release_without_a_patch_set_fails_closed_on_the_hos
         mismatch = fleet.play(HOST, stages=("verl_patches",))
         assert messages(mismatch) == [
             f"{HOST}: verl_patches_verl_version is 0.4.1 but {VERL}/verl/version/version says '0.4.0'. Nothing was"
-            " changed. Reinstall verl 0.4.1 (verl role) or correct verl_version."
+            " changed. Reinstall verl 0.4.1 (verl role) or correct p40fleet_verl_version."
         ]
         # The inventory says 0.4.0 too: no patch set for it.
         unsupported = fleet.play(HOST, stages=("verl_patches",), extra_vars={"verl_patches_verl_version": "0.4.0"})
