@@ -103,8 +103,8 @@ lint: venv
 	$(BIN)/yamllint --strict .
 	# Its syntax checks read ansible.cfg's inventory, the operator's copy, which a checkout lacks (and must fail on).
 	ANSIBLE_INVENTORY=inventory/hosts.example.yml $(BIN)/ansible-lint --strict
-	$(BIN)/ruff check python playbooks/files roles
-	$(BIN)/ruff format --check python playbooks/files roles
+	$(BIN)/ruff check python playbooks/files roles owner_scripts
+	$(BIN)/ruff format --check python playbooks/files roles owner_scripts
 	$(BIN)/ansible-playbook site.yml --syntax-check -i inventory/hosts.example.yml
 
 molecule: sandbox-deps

@@ -1,7 +1,7 @@
 """apex's reading of the owner's probe, for root: each field checked for type and range before it becomes part of
 the build key (a directory name on the controller and every host) or MAX_JOBS.
 
-The probe (files/apex_probe.py) runs in the env's Python as the env owner, whose output is data
+The probe (owner_scripts/apex_probe.py) runs in the env's Python as the env owner, whose output is data
 (docs/privileges.md): `stdout | apex_probe_reading(rc, host)` keeps only fields of the expected shape and refuses
 any other, naming the host, the field and what was found. `reading | apex_build_key(...)` and
 `reading | apex_build_jobs(max_jobs, ram_per_job_gib)` derive the key and MAX_JOBS from it.
@@ -43,8 +43,8 @@ def apex_probe_reading(stdout, rc, host="this host"):
     if rc != 0:
         return dict(UNKNOWN)
     fix = (
-        "expected what files/apex_probe.py prints. Re-run the conda_env and pytorch stages; if it persists, the "
-        "env owner's Python or its packages were changed by hand: remove the env and re-run"
+        "expected what owner_scripts/apex_probe.py prints. Re-run the conda_env and pytorch stages; if it persists, "
+        "the env owner's Python or its packages were changed by hand: remove the env and re-run"
     )
     try:
         report = json.loads(stdout)

@@ -1,7 +1,7 @@
 """fleet_state's split of a git URL into what may be shown and what must stay secret.
 
 `url | fleet_state_git_remote(host)` gives {"url": the URL without its credentials, "stdin": the credentials as
-two lines (user, password) or ""}. roles/fleet_state/files/fleet_state_git_checkout.sh takes the URL on its command
+two lines (user, password) or ""}. owner_scripts/fleet_state_git_checkout.sh takes the URL on its command
 line and the credentials on its stdin, for a credential helper: `ps` shows a command line to every account, and
 git keeps the clone's URL in the checkout's .git/config, which others can read. Unit-tested in
 python/tests/test_git_credentials.py.

@@ -14,7 +14,7 @@ import re
 
 IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 BACKENDS = ("gloo", "nccl")
-# The keys of the one line files/network_allreduce.py prints, and nothing else.
+# The keys of the one line owner_scripts/network_allreduce.py prints, and nothing else.
 OUTPUT_KEYS = {"rank": int, "world": int, "backend": str, "bytes": int, "iterations": int, "seconds": float}
 KIND_NAMES = {int: "an int", float: "a number", str: "a string"}
 GB = 1e9

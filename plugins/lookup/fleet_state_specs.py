@@ -3,8 +3,8 @@
 For each stage whose role is in the play (its `<stage>_state_markers` variable is defined): the markers the
 role declares (files it owns, leftovers of an unfinished attempt, what its check mode needs), plus its inputs:
 the value of every variable its meta/argument_specs.yml declares (no_log ones, and those the markers list
-under ignore_inputs, left out) and digests of the role's own files and of the collection's plugins/, so an
-inventory change or a new p40fleet release re-opens the stage.
+under ignore_inputs, left out) and digests of the role's own files and of the collection's plugins/ and
+owner_scripts/, so an inventory change or a new p40fleet release re-opens the stage.
 
     lookup('p40fleet.fleet.fleet_state_specs', 'cuda_toolkit', 'cudnn', roles_dir='/path/to/roles')
 
@@ -32,7 +32,7 @@ name: fleet_state_specs
 short_description: Each stage's markers and inputs, for the fleet_state probe.
 description:
   - For each stage (role) in the play, the markers the role declares and the values of its declared inputs, with
-    digests of the role's files and of the collection's plugins, so that a change re-opens the stage.
+    digests of the role's files and of the collection's plugins and owner scripts, so that a change re-opens the stage.
 author: p40fleet
 options:
   _terms:
@@ -124,6 +124,9 @@ class LookupModule(LookupBase):
         # The collection's plugins (beside roles/) are every stage's code too: fleet_state_path writes for all.
         plugins_dir = os.path.join(os.path.dirname(os.path.abspath(roles_dir)), "plugins")
         plugins_code = role_code_sha256(plugins_dir) if os.path.isdir(plugins_dir) else ""
+        # So are the owner-run scripts (owner_scripts/, beside roles/), which the roles hand to -c by name.
+        scripts_dir = os.path.join(os.path.dirname(os.path.abspath(roles_dir)), "owner_scripts")
+        scripts_code = role_code_sha256(scripts_dir) if os.path.isdir(scripts_dir) else ""
         for stage in terms:
             markers = f"{stage}_state_markers"
             if markers not in variables:
@@ -141,6 +144,7 @@ class LookupModule(LookupBase):
                 spec = self._stage_spec(variables, markers, declared)
             spec["inputs"]["role_code_sha256"] = role_code_sha256(role_dir)
             spec["inputs"]["plugins_code_sha256"] = plugins_code
+            spec["inputs"]["owner_scripts_code_sha256"] = scripts_code
             specs[stage] = spec
         return [specs]
 

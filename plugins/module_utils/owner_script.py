@@ -1,7 +1,7 @@
-"""The helpers the owner-run scripts share, as text. A role puts this file's text before its script's and hands both
-to the env owner's Python as one `-I -c` argument (training_data_tool in roles/training_data/vars/main.yml,
-verl_patches_tool in roles/verl_patches/vars/main/main.yml). Nothing on a host imports it: an import would read a
-file from the env, which the owner can write.
+"""The helpers the owner-run scripts share, as text. The owner_script lookup (plugins/lookup/owner_script.py) puts
+this file's text before the text of a script in owner_scripts/ that asks for it (a line starting
+`# owner_script helpers:`), and a role hands both to the env owner's Python as one `-I -c` argument. Nothing on a
+host imports it: an import would read a file from the env, which the owner can write.
 """
 
 import hashlib

@@ -3,11 +3,11 @@ test that needs converged hosts starts copies of it in seconds (Sandbox.up(image
 costs minutes on the test machine's cores.
 
 An image is keyed by what the converge depends on: the digest of the files that drive it (roles, playbooks,
-site.yml, the collection's plugins, the fleet-wide inventory variables, ansible.cfg, p40fleet's own package and the
-host stand-ins), the stand-in artifacts' hash, the bare image's recipe, and the variant (GPU profile, login mode,
-OS, tags). A change to any of them builds a new image; nothing is trusted from an older one. pytest-xdist's
-workers share the images: the first that needs one builds it under a lock, the others wait for it and reuse it,
-and the builder removes the images of the variant's older keys.
+site.yml, the collection's plugins and owner scripts, the fleet-wide inventory variables, ansible.cfg, p40fleet's
+own package and the host stand-ins), the stand-in artifacts' hash, the bare image's recipe, and the variant (GPU
+profile, login mode, OS, tags). A change to any of them builds a new image; nothing is trusted from an older one.
+pytest-xdist's workers share the images: the first that needs one builds it under a lock, the others wait for it and
+reuse it, and the builder removes the images of the variant's older keys.
 
 A copy is what a disk cloned onto another machine is: its stages' records came with it, and where files come from
 is no stage input (docs/design.md, "Stage inputs"). Its first run re-verifies every stage where preflight's state
@@ -53,6 +53,8 @@ INPUTS = (
     "roles",
     # The collection's filters, modules, action and lookup plugins, and their routing: the roles call them by name.
     "plugins",
+    # The scripts the roles hand the env owner's Python by name (the owner_script lookup).
+    "owner_scripts",
     "meta/runtime.yml",
     "inventory/group_vars",
     "python/p40fleet",

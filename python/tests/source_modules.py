@@ -22,8 +22,8 @@ COLLECTIONS_PATH = str(REPO_ROOT / "collections")
 if COLLECTIONS_PATH not in sys.path:
     sys.path.append(COLLECTIONS_PATH)
 
-# The helpers the owner-run scripts share: their roles hand the env owner's Python this text before the script's.
-OWNER_SCRIPT_HELPERS = REPO_ROOT / "plugins" / "module_utils" / "owner_script.py"
+# The scripts the env owner runs, each handed over by the owner_script lookup as one `-c` text.
+OWNER_SCRIPTS = REPO_ROOT / "owner_scripts"
 
 
 def load_module(path: Path, name: str) -> ModuleType:
@@ -34,8 +34,12 @@ def load_module(path: Path, name: str) -> ModuleType:
 
 
 def owner_script_text(path: Path) -> str:
-    """An owner-run script as its role hands it to `python -I -c`: the shared helpers' text, then the script's."""
-    return OWNER_SCRIPT_HELPERS.read_text().rstrip() + "\n\n\n" + path.read_text().rstrip()
+    """An owner-run script (owner_scripts/NAME) as its role hands it to `python -I -c`: the owner_script lookup's
+    text, the shared helpers' first where the script asks for them."""
+    from ansible_collections.p40fleet.fleet.plugins.lookup import owner_script
+
+    assert path.parent == OWNER_SCRIPTS, f"{path} is not in {OWNER_SCRIPTS}"
+    return owner_script.owner_script_text(path.name)
 
 
 def load_owner_script(path: Path, name: str) -> ModuleType:

@@ -22,6 +22,7 @@ from tests.source_modules import load_module
 from tests.test_owner_boundary import tasks_of
 
 ROLE = REPO_ROOT / "roles" / "apex"
+PROBE = REPO_ROOT / "owner_scripts" / "apex_probe.py"
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "apex.py", "apex_filters")
 state_rules = load_module(REPO_ROOT / "plugins" / "filter" / "fleet_state.py", "fleet_state_filters")
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -106,7 +107,7 @@ def test_max_jobs_is_the_inventorys_or_what_cores_and_ram_allow(max_jobs, cpus, 
 def test_the_real_probes_report_is_read():
     # The probe as the role runs it (an isolated Python), here with no torch, no nvcc and no marker.
     printed = subprocess.run(
-        [sys.executable, "-I", str(ROLE / "files" / "apex_probe.py"), "/nonexistent", "/nonexistent/marker.json"],
+        [sys.executable, "-I", str(PROBE), "/nonexistent", "/nonexistent/marker.json"],
         capture_output=True,
         text=True,
         check=True,

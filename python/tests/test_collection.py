@@ -71,6 +71,8 @@ def test_the_collection_holds_every_role_and_playbook(built):
         "playbooks/verify.yml",
         "playbooks/pins.yml",
         "meta/runtime.yml",
+        "plugins/lookup/owner_script.py",
+        "owner_scripts/verl_patches_tool.py",
     ):
         assert required in files
     assert [f for f in files if f.startswith(CHECKOUT_ONLY) or f == "inventory/hosts.yml"] == []

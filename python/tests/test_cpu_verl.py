@@ -38,7 +38,7 @@ PATCHSET = REPO_ROOT / "roles" / "verl_patches" / "vars" / "main" / "patchsets" 
 HF_ROLLOUT = "verl/workers/rollout/hf_rollout.py"
 # GSM8K's test split (openai/gsm8k, main), as training_data converts it.
 TEST_ROWS = 1319
-edit = load_module(REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_edit.py", "verl_patches_edit")
+edit = load_module(REPO_ROOT / "owner_scripts" / "verl_patches_edit.py", "verl_patches_edit")
 plan = load_module(REPO_ROOT / "plugins" / "filter" / "verl_patches.py", "verl_patches_filters").verl_patches_plan
 
 

@@ -1,8 +1,9 @@
 """The checklists of docs/extending.md and docs/extending-modules.md name files that exist, and docs/README.md
 indexes every page (no containers).
 
-Each checklist (a GPU profile, a verl patch, a fact, a stage, a module) is walked: every path it names in backticks
-resolves from the repository root, so an edit that moves a file the checklist sends a reader to fails here."""
+Each checklist (a GPU profile, a verl patch, a fact, a stage, a module, an owner script) is walked: every path it
+names in backticks resolves from the repository root, so an edit that moves a file the checklist sends a reader to
+fails here."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import re
 from p40fleet_dev.paths import REPO_ROOT
 
 DOCS = REPO_ROOT / "docs"
-CHECKLISTS = ("A GPU profile", "A verl patch", "A fact", "A stage", "A module")
-TOP = ("roles/", "plugins/", "python/", "playbooks/", "docs/", "molecule/", "inventory/")
+CHECKLISTS = ("A GPU profile", "A verl patch", "A fact", "A stage", "A module", "An owner script")
+TOP = ("roles/", "plugins/", "python/", "playbooks/", "docs/", "molecule/", "inventory/", "owner_scripts/")
 CODE = re.compile(r"`([^`\s]+)`")
 
 

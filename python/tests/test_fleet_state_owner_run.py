@@ -185,7 +185,7 @@ def test_only_the_controllers_tests_let_root_play_the_owner(monkeypatch):
     # plugin sets it, so on a host uid 0 is always refused.
     monkeypatch.setenv(run_module.ROOT_FOR_TESTS, "1")
     assert run_module.run({"owner": "root", "argv": ["/usr/bin/id", "-u"]})["stdout"] == "0\n"
-    for tree in ("roles", "playbooks", "plugins", "molecule", "inventory"):
+    for tree in ("roles", "playbooks", "plugins", "owner_scripts", "molecule", "inventory"):
         for path in (REPO_ROOT / tree).rglob("*"):
             if path.is_file() and path.name != "fleet_state_owner_run.py":
                 assert run_module.ROOT_FOR_TESTS not in path.read_text(errors="replace"), path

@@ -29,7 +29,7 @@ from tests.source_modules import load_module, run_module_main
 from tests.test_pip_credentials import rendered, walk_tasks
 
 rules = load_module(REPO_ROOT / "plugins" / "filter" / "fleet_state.py", "fleet_state_filters")
-SCRIPT = REPO_ROOT / "roles" / "fleet_state" / "files" / "fleet_state_git_checkout.sh"
+SCRIPT = REPO_ROOT / "owner_scripts" / "fleet_state_git_checkout.sh"
 SECRET = "pa55w0rd"
 
 

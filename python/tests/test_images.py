@@ -62,6 +62,7 @@ def test_the_key_covers_the_collection_s_plugins():
     for reads in (
         "plugins/filter/launch_script_estimate.py",
         "plugins/modules/fleet_state_probe.py",
+        "owner_scripts/verl_probe.py",
         "meta/runtime.yml",
     ):
         assert any(reads == path or reads.startswith(path + "/") for path in paths), reads

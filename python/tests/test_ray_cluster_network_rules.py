@@ -1,7 +1,7 @@
 """The network measurement's decisions (plugins/filter/ray_cluster_network.py), table-tested without hosts: who takes
 which rank and where the members meet, read from each member's root-owned ray.env; the members' outputs parsed
 strictly as data; the bandwidths the nccl-tests way and the verdict. Last, the role's own all-reduce script
-(roles/ray_cluster/files/network_allreduce.py) run as two ranks on this machine with the hosts' torch (the CPU venv,
+(owner_scripts/network_allreduce.py) run as two ranks on this machine with the hosts' torch (the CPU venv,
 gloo over loopback), its lines judged by the same filter."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
 RULES = load_module(REPO_ROOT / "plugins" / "filter" / "ray_cluster_network.py", "ray_cluster_network_filter")
-SCRIPT = REPO_ROOT / "roles" / "ray_cluster" / "files" / "network_allreduce.py"
+SCRIPT = REPO_ROOT / "owner_scripts" / "network_allreduce.py"
 DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "ray_cluster" / "defaults" / "main.yml").read_text())
 INVENTORY = [{"host": h, "cluster": c} for h, c in (("a", "c1"), ("b", "c1"), ("x", ""), ("c", "c1"), ("d", "c2"))]
 GB = 1e9

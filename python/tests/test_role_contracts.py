@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import re
 
 import yaml
@@ -100,26 +99,3 @@ def test_where_files_come_from_is_no_stage_input_and_what_they_are_is_one():
     assert "cuda_toolkit_runfile_sha256" in stages["cuda_toolkit"][0]
     assert "cuda_toolkit_runfile_url" in stages["cuda_toolkit"][1]
     assert "verl_expected_commit" in stages["verl"][0] and "verl_expected_commit" not in stages["verl"][1]
-
-
-def test_a_script_that_uses_the_owner_run_helpers_is_always_handed_them_first():
-    """A role's script that calls plugins/module_utils/owner_script.py's helpers without defining them runs only as
-    that file's text followed by its own (python/tests/source_modules.py builds the same text): every lookup of it
-    in its role is so joined."""
-    helpers_file = REPO_ROOT / "plugins" / "module_utils" / "owner_script.py"
-    helpers = {node.name for node in ast.parse(helpers_file.read_text()).body if isinstance(node, ast.FunctionDef)}
-    users = []
-    for script in sorted(ROLES.glob("*/files/*.py")):
-        tree = ast.parse(script.read_text())
-        defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
-        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-        if not (used & helpers) - defined:
-            continue
-        users.append(script.name)
-        role = script.parents[1]
-        yaml_text = "\n".join(path.read_text() for path in sorted(role.glob("**/*.yml")))
-        helpers_text = "{{ lookup('ansible.builtin.file', role_path ~ '/../../plugins/module_utils/owner_script.py') }}"
-        script_text = f"{{{{ lookup('ansible.builtin.file', '{script.name}') }}}}"
-        joined = re.compile(re.escape(helpers_text) + r"\n\n\n *" + re.escape(script_text))
-        assert yaml_text.count(f"'{script.name}'") == len(joined.findall(yaml_text)) >= 1, script
-    assert users == ["training_data_tool.py", "verl_patches_tool.py"]

@@ -31,7 +31,7 @@ from tests.local_hosts import ROOT_PLAYS_OWNER, account_exists, free_uid, throwa
 from tests.source_modules import load_module, load_owner_script
 
 PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "training_data.yml"
-TOOL = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_tool.py"
+TOOL = REPO_ROOT / "owner_scripts" / "training_data_tool.py"
 HUB_SCRIPT = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_hub.py"
 HUB_SERVER = STANDINS_DIR / "hub_server.py"
 HUB_CONTENT = STANDINS_DIR / "hub_content.py"

@@ -1,4 +1,4 @@
-"""roles/verl_patches/files/verl_patches_edit.py, without hosts: the edits lineinfile and replace made, in one call.
+"""owner_scripts/verl_patches_edit.py, without hosts: the edits lineinfile and replace made, in one call.
 
 The role's tests (test_verl_patches.py) hold the module to the real patch sets on the real verl releases, line by
 line; these cases pin the two edit kinds' semantics, the fail-closed count check and the restore from pristine
@@ -15,7 +15,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_module
 
-edit = load_module(REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_edit.py", "verl_patches_edit")
+edit = load_module(REPO_ROOT / "owner_scripts" / "verl_patches_edit.py", "verl_patches_edit")
 
 AUTOCAST = r"^(\s+with torch\.autocast\(x, )dtype=torch\.bfloat16(\):)$"
 

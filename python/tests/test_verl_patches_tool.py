@@ -18,7 +18,7 @@ import pytest
 from p40fleet_dev.paths import REPO_ROOT
 from tests.source_modules import load_owner_script
 
-TOOL_PATH = REPO_ROOT / "roles" / "verl_patches" / "files" / "verl_patches_tool.py"
+TOOL_PATH = REPO_ROOT / "owner_scripts" / "verl_patches_tool.py"
 tool = load_owner_script(TOOL_PATH, "verl_patches_tool")
 
 VERSION = "9.9.9"

@@ -44,7 +44,7 @@ VERL_VERSION = "0.4.1"
 LOCK = REPO_ROOT / "roles" / "verl" / "files" / f"verl-{VERL_VERSION}-py311.lock.txt"
 PATCH_PLAYBOOK = REPO_ROOT / "python" / "tests" / "playbooks" / "verl_patches.yml"
 SHIM = REPO_ROOT / "roles" / "verl" / "files" / "flash_attn_shim" / "flash_attn"
-DATA_TOOL = REPO_ROOT / "roles" / "training_data" / "files" / "training_data_tool.py"
+DATA_TOOL = REPO_ROOT / "owner_scripts" / "training_data_tool.py"
 RUN_CHECK = Path(__file__).with_name("run_check.py")
 WHEEL_CACHE = CACHE_DIR / "gpu-wheels"
 

@@ -3,7 +3,7 @@
 Run as root on the GPU machine, with a Python that has CUDA torch:
     python3 python/tests/gpu/qualify_check.py --seconds 60 --out OUT
 It asks nvidia-smi which name its throttle reasons go by, starts nvidia-smi's sampler of the role's fields, runs
-the role's load (roles/gpu_qualify/files/load.py, as `python -I -c <source> SECONDS`, as the role does; here as the
+the role's load (owner_scripts/gpu_qualify_load.py, as `python -I -c <source> SECONDS`, as the role does; here as the
 caller, where the role runs it as the env owner), reads `nvidia-smi -q` and the kernel log's Xid lines, and judges
 every card with the role's own filter (plugins/filter/gpu_qualify.py, imported by path) and the
 role's defaults. It writes OUT/qualify-<gpu>-<date>.json: the texts the filter read, its verdicts, and a digest of
@@ -171,7 +171,9 @@ def main(argv=None) -> int:
         stderr=subprocess.PIPE,
         text=True,
     )
-    load = run([args.python, "-I", "-c", (ROLE / "files" / "load.py").read_text(), str(args.seconds)])
+    load = run(
+        [args.python, "-I", "-c", (REPO / "owner_scripts" / "gpu_qualify_load.py").read_text(), str(args.seconds)]
+    )
     time.sleep(2 * args.interval)  # the last loaded samples, then the cards' drop back
     sampler.terminate()
     sampler_err = sampler.communicate(timeout=30)[1]

@@ -20,7 +20,8 @@ import shutil
 import struct
 import sys
 
-# sha256() and read_json() are plugins/module_utils/owner_script.py's, whose text the role puts before this file's.
+# owner_script helpers: sha256() and read_json() are plugins/module_utils/owner_script.py's, put before this text
+# by the owner_script lookup (plugins/lookup/owner_script.py).
 
 SPLITS = ("train", "test")
 # Bump when the conversion's output changes, so converted sets are rebuilt once.
