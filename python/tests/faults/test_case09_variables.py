@@ -208,7 +208,7 @@ def test_a_checksum_prefixed_with_its_algorithm_is_rejected_before_the_download(
     assert message.endswith(
         f"sha256='sha256:{pin}', dest='/var/tmp/p40fleet/cuda_toolkit.p40fleet/cuda_11.8.0_520.61.05_linux.run',"
         " source='controller', mirror base=''). Required: an http(s) URL, a 64-hex-digit sha256, an absolute dest,"
-        " and a mirror base URL when artifact_fetch_source is mirror. Fix the pins or the inventory."
+        " and p40fleet_mirror_base_url when artifact_fetch_source is mirror. Fix the pins or the inventory."
     ), message
     assert written_since(fleet.sandbox, LATER, MARKER) == []
 
