@@ -118,7 +118,7 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         role: (names, CHECKLIST)
         for role, names in {
             "apex": ("apex_enabled",),
-            "conda_env": ("conda_env_install_prefix", "conda_env_name", "conda_env_owner"),
+            "conda_env": ("conda_env_owner",),
             "cuda_toolkit": ("cuda_toolkit_default_link", "cuda_toolkit_home", "cuda_toolkit_version"),
             "cudnn": ("cudnn_prefix", "cudnn_version"),
             "pytorch": ("pytorch_cuda_tag", "pytorch_cuda_version", "pytorch_torch_version"),
